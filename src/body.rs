@@ -1,0 +1,229 @@
+//! Response body adapters: one that reports when a body ends (completed, failed, dropped by the
+//! client, or cut at a deadline), and one that re-frames an SSE stream one event per frame.
+//!
+//! Both stream: they never hold more than the event being assembled.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use crate::openai::sse::SseSplitter;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    Complete,
+    Failed,
+    /// Dropped before its end: the client went away (or the proxy is stopping).
+    Dropped,
+    DeadlineExceeded,
+}
+
+type OnEnd = Box<dyn FnOnce(BodyEnd) + Send>;
+
+pin_project! {
+    /// Calls `on_end` exactly once when the body ends, fails, hits `deadline`, or is dropped.
+    pub struct ObservedBody<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        deadline: Option<Sleep>,
+        on_end: Option<OnEnd>,
+    }
+
+    impl<B> PinnedDrop for ObservedBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(on_end) = this.project().on_end.take() {
+                on_end(BodyEnd::Dropped);
+            }
+        }
+    }
+}
+
+impl<B> ObservedBody<B> {
+    pub fn new(
+        inner: B,
+        deadline: Option<Instant>,
+        on_end: impl FnOnce(BodyEnd) + Send + 'static,
+    ) -> Self {
+        ObservedBody {
+            inner,
+            deadline: deadline.map(tokio::time::sleep_until),
+            on_end: Some(Box::new(on_end)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the response exceeded its total time limit")]
+pub struct DeadlineExceeded;
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if let Some(deadline) = this.deadline.as_mut().as_pin_mut()
+            && deadline.poll(cx).is_ready()
+        {
+            if let Some(on_end) = this.on_end.take() {
+                on_end(BodyEnd::DeadlineExceeded);
+            }
+            return Poll::Ready(Some(Err(Box::new(DeadlineExceeded))));
+        }
+        let polled = ready!(this.inner.poll_frame(cx));
+        let end = match &polled {
+            None => Some(BodyEnd::Complete),
+            Some(Err(_)) => Some(BodyEnd::Failed),
+            Some(Ok(_)) => None,
+        };
+        if let Some(end) = end
+            && let Some(on_end) = this.on_end.take()
+        {
+            on_end(end);
+        }
+        Poll::Ready(polled.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// Re-frames an SSE body so that each frame is one whole event (one flush per event).
+    pub struct SseEventBody<B> {
+        #[pin]
+        inner: B,
+        splitter: SseSplitter,
+        inner_done: bool,
+    }
+}
+
+impl<B> SseEventBody<B> {
+    pub fn new(inner: B) -> Self {
+        SseEventBody {
+            inner,
+            splitter: SseSplitter::new(),
+            inner_done: false,
+        }
+    }
+}
+
+impl<B> Body for SseEventBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(event) = this.splitter.next_event() {
+                return Poll::Ready(Some(Ok(Frame::data(event))));
+            }
+            if *this.inner_done {
+                return Poll::Ready(this.splitter.finish().map(|rest| Ok(Frame::data(rest))));
+            }
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => this.splitter.push(&data),
+                    // Trailers: pass them on after what was buffered (SSE has none in practice).
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => *this.inner_done = true,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, StreamBody};
+    use std::sync::{Arc, Mutex};
+
+    fn stream_of(chunks: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = std::io::Error> {
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn sse_body_emits_one_frame_per_event() {
+        let body = SseEventBody::new(stream_of(&[
+            b"data: a\n\ndata: ",
+            b"b\n",
+            b"\ndata: [DONE]\n\n",
+        ]));
+        let mut frames = Vec::new();
+        let mut body = std::pin::pin!(body);
+        while let Some(frame) = body.frame().await {
+            frames.push(frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(
+            frames,
+            vec!["data: a\n\n", "data: b\n\n", "data: [DONE]\n\n"]
+        );
+    }
+
+    #[tokio::test]
+    async fn observed_body_reports_completion_and_drop() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let body = ObservedBody::new(stream_of(&[b"x"]), None, move |end| {
+            log.lock().unwrap().push(end)
+        });
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(collected, "x");
+
+        let log = seen.clone();
+        drop(ObservedBody::new(stream_of(&[b"x"]), None, move |end| {
+            log.lock().unwrap().push(end)
+        }));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![BodyEnd::Complete, BodyEnd::Dropped]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observed_body_cuts_at_the_deadline() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let pending = StreamBody::new(futures_util::stream::pending::<
+            Result<Frame<Bytes>, std::io::Error>,
+        >());
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        let body = ObservedBody::new(pending, Some(deadline), move |end| {
+            log.lock().unwrap().push(end)
+        });
+        assert!(body.collect().await.is_err());
+        assert_eq!(*seen.lock().unwrap(), vec![BodyEnd::DeadlineExceeded]);
+    }
+}

@@ -1,0 +1,712 @@
+//! Typed configuration: `config.toml`, then `CTXPROXY_<SECTION>_<KEY>` environment overrides,
+//! then CLI flags, validated once into a [`Config`] that the rest of the code never re-checks.
+//!
+//! Every error names the offending key, so `check-config` and `serve` can say what to fix.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Sections that environment overrides may address (`CTXPROXY_<SECTION>_<KEY>`).
+/// A test checks this list against [`RawConfig`]'s fields.
+const ENV_SECTIONS: &[&str] = &["server", "log", "upstream", "auth"];
+const ENV_PREFIX: &str = "CTXPROXY_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid TOML: {0}")]
+    Syntax(String),
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw config: exactly what the file says, with defaults. Serialized back by `check-config`.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    pub server: RawServer,
+    pub log: RawLog,
+    pub upstream: RawUpstream,
+    pub routes: Vec<RawRoute>,
+    pub auth: RawAuth,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: String,
+    pub max_body_bytes: u64,
+    pub max_passthrough_body_bytes: u64,
+    pub concurrency_limit: usize,
+    pub queue_timeout_ms: u64,
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 10 * 1024 * 1024,
+            max_passthrough_body_bytes: 512 * 1024 * 1024,
+            concurrency_limit: 1024,
+            queue_timeout_ms: 5_000,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawLog {
+    pub format: String,
+    pub level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            format: "pretty".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawUpstream {
+    pub base_url: String,
+    pub api_key_env: String,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub total_timeout_ms: u64,
+    pub connect_retries: u32,
+    pub pool_idle_timeout_secs: u64,
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for RawUpstream {
+    fn default() -> Self {
+        RawUpstream {
+            base_url: "https://api.openai.com/v1".into(),
+            api_key_env: String::new(),
+            connect_timeout_ms: 5_000,
+            first_byte_timeout_ms: 120_000,
+            total_timeout_ms: 600_000,
+            connect_retries: 1,
+            pool_idle_timeout_secs: 90,
+            pool_max_idle_per_host: 256,
+        }
+    }
+}
+
+/// A route: models (names or `*` globs) sent to another upstream. Timeouts default to
+/// `[upstream]`'s.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    pub models: Vec<String>,
+    pub base_url: String,
+    pub api_key_env: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_byte_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAuth {
+    pub keys: Vec<RawAuthKey>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAuthKey {
+    /// Hex SHA-256 of the key clients send as `Authorization: Bearer <key>`.
+    pub sha256: String,
+    pub tenant: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated config.
+// ---------------------------------------------------------------------------------------------
+
+/// A value that must never be printed: `Debug` and `Display` show `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub log: LogConfig,
+    /// Index 0 is `[upstream]` (absent when its `base_url` is empty), then one per route.
+    pub upstreams: Vec<UpstreamConfig>,
+    pub default_upstream: Option<usize>,
+    pub routes: Vec<Route>,
+    /// SHA-256 of each accepted key → tenant. Empty: auth off, every request is tenant `default`.
+    pub auth_keys: HashMap<[u8; 32], String>,
+    /// The file as given plus defaults and overrides, for `check-config`.
+    pub raw: RawConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub max_passthrough_body_bytes: usize,
+    pub concurrency_limit: usize,
+    pub queue_timeout: Duration,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `default` for `[upstream]`, else the route's name.
+    pub name: String,
+    /// Without a trailing slash, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    pub api_key_env: String,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub total_timeout: Duration,
+    pub connect_retries: u32,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub patterns: Vec<String>,
+    pub upstream: usize,
+}
+
+impl Config {
+    /// The upstream for a model: the first route with a matching pattern, else `[upstream]`.
+    pub fn upstream_for_model(&self, model: &str) -> Option<usize> {
+        self.routes
+            .iter()
+            .find(|route| route.patterns.iter().any(|p| glob_match(p, model)))
+            .map(|route| route.upstream)
+            .or(self.default_upstream)
+    }
+
+    pub fn auth_enabled(&self) -> bool {
+        !self.auth_keys.is_empty()
+    }
+
+    /// Reads a file, applies the process environment, validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml(&text, std::env::vars())
+    }
+
+    /// Parses TOML text, applies `CTXPROXY_*` overrides from `env`, validates.
+    pub fn from_toml(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        apply_env_overrides(&mut table, env)?;
+        let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError::invalid(e.path().to_string(), e.inner().to_string()))?;
+        raw.validate(&|name| std::env::var(name).ok())
+    }
+
+    /// The effective config as TOML, with secrets reported as set/unset only.
+    pub fn effective_toml(&self) -> String {
+        let mut out = toml::to_string_pretty(&self.raw)
+            .unwrap_or_else(|e| format!("# cannot render config: {e}\n"));
+        out.push_str("\n# Upstream keys (values redacted):\n");
+        for upstream in &self.upstreams {
+            let state = match (&upstream.api_key, upstream.api_key_env.is_empty()) {
+                (_, true) => "none: the client's Authorization is forwarded".to_owned(),
+                (Some(_), false) => format!("${} = ***", upstream.api_key_env),
+                (None, false) => format!("${} is not set", upstream.api_key_env),
+            };
+            out.push_str(&format!("#   {}: {state}\n", upstream.name));
+        }
+        out
+    }
+}
+
+impl RawConfig {
+    /// Turns raw values into a [`Config`]; `read_env` looks up the API key variables.
+    pub fn validate(
+        self,
+        read_env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let server = &self.server;
+        let listen = server.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::invalid("server.listen", format!("{e} (expected IP:PORT)"))
+        })?;
+        positive("server.max_body_bytes", server.max_body_bytes)?;
+        positive(
+            "server.max_passthrough_body_bytes",
+            server.max_passthrough_body_bytes,
+        )?;
+        positive("server.concurrency_limit", server.concurrency_limit as u64)?;
+        positive("server.queue_timeout_ms", server.queue_timeout_ms)?;
+        let server_config = ServerConfig {
+            listen,
+            max_body_bytes: to_usize("server.max_body_bytes", server.max_body_bytes)?,
+            max_passthrough_body_bytes: to_usize(
+                "server.max_passthrough_body_bytes",
+                server.max_passthrough_body_bytes,
+            )?,
+            concurrency_limit: server.concurrency_limit,
+            queue_timeout: Duration::from_millis(server.queue_timeout_ms),
+            shutdown_grace: Duration::from_secs(server.shutdown_grace_secs),
+        };
+
+        let format = match self.log.format.as_str() {
+            "pretty" => LogFormat::Pretty,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(ConfigError::invalid(
+                    "log.format",
+                    format!("`{other}`: expected \"pretty\" or \"json\""),
+                ));
+            }
+        };
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(ConfigError::invalid(
+                "log.level",
+                format!("`{}` is not a valid level or filter", self.log.level),
+            ));
+        }
+        let log = LogConfig {
+            format,
+            level: self.log.level.clone(),
+        };
+
+        let defaults = &self.upstream;
+        let mut upstreams = Vec::new();
+        let mut default_upstream = None;
+        if !defaults.base_url.is_empty() {
+            let timeouts = (
+                defaults.connect_timeout_ms,
+                defaults.first_byte_timeout_ms,
+                defaults.total_timeout_ms,
+            );
+            upstreams.push(upstream_config(
+                "upstream",
+                "default",
+                &defaults.base_url,
+                &defaults.api_key_env,
+                timeouts,
+                defaults,
+                read_env,
+            )?);
+            default_upstream = Some(0);
+        }
+
+        let mut routes = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let key = format!("routes[{i}]");
+            if route.models.is_empty() || route.models.iter().any(|m| m.trim().is_empty()) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.models"),
+                    "list at least one model name or glob, none empty",
+                ));
+            }
+            let name = if route.name.is_empty() {
+                format!("route{i}")
+            } else {
+                route.name.clone()
+            };
+            if name == "default" || !names.insert(name.clone()) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.name"),
+                    format!("`{name}` is used twice (or is the reserved name `default`)"),
+                ));
+            }
+            let timeouts = (
+                route
+                    .connect_timeout_ms
+                    .unwrap_or(defaults.connect_timeout_ms),
+                route
+                    .first_byte_timeout_ms
+                    .unwrap_or(defaults.first_byte_timeout_ms),
+                route.total_timeout_ms.unwrap_or(defaults.total_timeout_ms),
+            );
+            upstreams.push(upstream_config(
+                &key,
+                &name,
+                &route.base_url,
+                &route.api_key_env,
+                timeouts,
+                defaults,
+                read_env,
+            )?);
+            routes.push(Route {
+                patterns: route.models.clone(),
+                upstream: upstreams.len() - 1,
+            });
+        }
+
+        let mut auth_keys = HashMap::new();
+        for (i, key) in self.auth.keys.iter().enumerate() {
+            let mut digest = [0u8; 32];
+            hex::decode_to_slice(key.sha256.trim(), &mut digest).map_err(|_| {
+                ConfigError::invalid(
+                    format!("auth.keys[{i}].sha256"),
+                    "expected 64 hex characters (printf %s \"$KEY\" | sha256sum)",
+                )
+            })?;
+            if key.tenant.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("auth.keys[{i}].tenant"),
+                    "must not be empty",
+                ));
+            }
+            auth_keys.insert(digest, key.tenant.clone());
+        }
+
+        Ok(Config {
+            server: server_config,
+            log,
+            upstreams,
+            default_upstream,
+            routes,
+            auth_keys,
+            raw: self,
+        })
+    }
+}
+
+fn upstream_config(
+    key: &str,
+    name: &str,
+    base_url: &str,
+    api_key_env: &str,
+    (connect_ms, first_byte_ms, total_ms): (u64, u64, u64),
+    defaults: &RawUpstream,
+    read_env: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamConfig, ConfigError> {
+    let uri = base_url
+        .parse::<http::Uri>()
+        .map_err(|e| ConfigError::invalid(format!("{key}.base_url"), e.to_string()))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(ConfigError::invalid(
+            format!("{key}.base_url"),
+            format!("`{base_url}`: expected an absolute http:// or https:// URL"),
+        ));
+    }
+    if uri.query().is_some() {
+        return Err(ConfigError::invalid(
+            format!("{key}.base_url"),
+            "must not have a query string",
+        ));
+    }
+    positive(&format!("{key}.connect_timeout_ms"), connect_ms)?;
+    positive(&format!("{key}.first_byte_timeout_ms"), first_byte_ms)?;
+    positive(&format!("{key}.total_timeout_ms"), total_ms)?;
+    let api_key = if api_key_env.is_empty() {
+        None
+    } else {
+        match read_env(api_key_env) {
+            Some(value) if !value.is_empty() => Some(Secret::new(value)),
+            _ => {
+                return Err(ConfigError::invalid(
+                    format!("{key}.api_key_env"),
+                    format!("environment variable `{api_key_env}` is not set"),
+                ));
+            }
+        }
+    };
+    Ok(UpstreamConfig {
+        name: name.to_owned(),
+        base_url: base_url.trim_end_matches('/').to_owned(),
+        api_key,
+        api_key_env: api_key_env.to_owned(),
+        connect_timeout: Duration::from_millis(connect_ms),
+        first_byte_timeout: Duration::from_millis(first_byte_ms),
+        total_timeout: Duration::from_millis(total_ms),
+        connect_retries: defaults.connect_retries,
+        pool_idle_timeout: Duration::from_secs(defaults.pool_idle_timeout_secs),
+        pool_max_idle_per_host: defaults.pool_max_idle_per_host,
+    })
+}
+
+fn positive(key: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(ConfigError::invalid(key, "must be greater than 0"));
+    }
+    Ok(())
+}
+
+fn to_usize(key: &str, value: u64) -> Result<usize, ConfigError> {
+    usize::try_from(value).map_err(|_| ConfigError::invalid(key, "too large"))
+}
+
+/// Applies `CTXPROXY_<SECTION>_<KEY>=value`: the value is read as a TOML value when it is one
+/// (`100`, `true`, `["a","b"]`), else as a string.
+fn apply_env_overrides(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    for (var, value) in env {
+        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let rest = rest.to_ascii_lowercase();
+        let Some((section, key)) = ENV_SECTIONS.iter().find_map(|section| {
+            rest.strip_prefix(section)
+                .and_then(|r| r.strip_prefix('_'))
+                .filter(|key| !key.is_empty())
+                .map(|key| (*section, key))
+        }) else {
+            return Err(ConfigError::Env {
+                var,
+                message: format!(
+                    "expected CTXPROXY_<SECTION>_<KEY> with SECTION one of {}",
+                    ENV_SECTIONS.join(", ").to_uppercase()
+                ),
+            });
+        };
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.clone()));
+        let entry = table
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(section_table) = entry else {
+            return Err(ConfigError::Env {
+                var,
+                message: format!("[{section}] is not a table in the config file"),
+            });
+        };
+        section_table.insert(key.to_owned(), parsed);
+    }
+    Ok(())
+}
+
+/// `*` matches any run of characters, `?` one character; everything else is literal.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some('*') => {
+                backtrack = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match backtrack {
+                Some((star, matched)) => {
+                    pi = star + 1;
+                    ti = matched + 1;
+                    backtrack = Some((star, matched + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = Config::from_toml("", no_env()).unwrap();
+        assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.upstreams[0].base_url, "https://api.openai.com/v1");
+        assert!(!config.auth_enabled());
+    }
+
+    #[test]
+    fn repo_config_file_is_valid_and_documents_every_key() {
+        let text = include_str!("../config.toml");
+        let config = Config::from_toml(text, no_env()).unwrap();
+        // Every key of the defaults appears in the documented file (commented or not).
+        let defaults = toml::to_string(&RawConfig::default()).unwrap();
+        for line in defaults.lines() {
+            if let Some((key, _)) = line.split_once(" = ") {
+                let documented =
+                    text.contains(&format!("{key} =")) || text.contains(&format!("[[{key}]]"));
+                assert!(documented, "config.toml lacks `{key}`");
+            }
+        }
+        assert!(config.default_upstream.is_some());
+    }
+
+    #[test]
+    fn env_sections_match_the_config_sections() {
+        let value = toml::Value::try_from(RawConfig::default()).unwrap();
+        let mut tables: Vec<&str> = value
+            .as_table()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_table())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        tables.sort_unstable();
+        let mut sections = ENV_SECTIONS.to_vec();
+        sections.sort_unstable();
+        assert_eq!(tables, sections);
+    }
+
+    #[test]
+    fn env_overrides_values_with_types() {
+        let env = vec![
+            (
+                "CTXPROXY_UPSTREAM_BASE_URL".to_owned(),
+                "http://127.0.0.1:9000/v1".to_owned(),
+            ),
+            (
+                "CTXPROXY_SERVER_CONCURRENCY_LIMIT".to_owned(),
+                "7".to_owned(),
+            ),
+            ("PATH".to_owned(), "/bin".to_owned()),
+        ];
+        let config = Config::from_toml("[server]\nconcurrency_limit = 3\n", env).unwrap();
+        assert_eq!(config.upstreams[0].base_url, "http://127.0.0.1:9000/v1");
+        assert_eq!(config.server.concurrency_limit, 7);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("[server]\nlisten = \"nope\"", "server.listen"),
+            (
+                "[server]\nmax_body_bytes = \"big\"",
+                "server.max_body_bytes",
+            ),
+            ("[server]\nlistne = \"x\"", "listne"),
+            ("[upstream]\nbase_url = \"ftp://x\"", "upstream.base_url"),
+            (
+                "[[routes]]\nmodels = []\nbase_url = \"http://x\"",
+                "routes[0].models",
+            ),
+            (
+                "[[auth.keys]]\nsha256 = \"abc\"\ntenant = \"t\"",
+                "auth.keys[0].sha256",
+            ),
+            ("[log]\nformat = \"xml\"", "log.format"),
+            (
+                "[upstream]\napi_key_env = \"CTXPROXY_TEST_SURELY_UNSET_VAR\"",
+                "upstream.api_key_env",
+            ),
+        ];
+        for (text, key) in cases {
+            let err = Config::from_toml(text, no_env()).unwrap_err().to_string();
+            assert!(
+                err.contains(key),
+                "{text:?} gave {err:?}, expected key {key}"
+            );
+        }
+        let err = Config::from_toml("", vec![("CTXPROXY_NOPE_X".into(), "1".into())]).unwrap_err();
+        assert!(err.to_string().contains("CTXPROXY_NOPE_X"));
+    }
+
+    #[test]
+    fn routes_pick_the_first_matching_pattern_then_the_default() {
+        let text = r#"
+            [[routes]]
+            name = "local"
+            models = ["llama-*", "qwen?"]
+            base_url = "http://127.0.0.1:11434/v1/"
+        "#;
+        let config = Config::from_toml(text, no_env()).unwrap();
+        assert_eq!(config.upstream_for_model("llama-3.1-8b"), Some(1));
+        assert_eq!(config.upstream_for_model("qwen3"), Some(1));
+        assert_eq!(config.upstream_for_model("gpt-4o"), Some(0));
+        assert_eq!(config.upstreams[1].base_url, "http://127.0.0.1:11434/v1");
+        let no_default = Config::from_toml("[upstream]\nbase_url = \"\"", no_env()).unwrap();
+        assert_eq!(no_default.upstream_for_model("gpt-4o"), None);
+    }
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("gpt-*", "gpt-4o"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("*-mini", "gpt-4o-mini"));
+        assert!(glob_match("a*b*c", "aXbYbZc"));
+        assert!(!glob_match("gpt-*", "chatgpt-4o"));
+        assert!(!glob_match("gpt-4o", "gpt-4o-mini"));
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let secret = Secret::new("sk-live-123");
+        assert_eq!(format!("{secret} {secret:?}"), "*** ***");
+    }
+}

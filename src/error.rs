@@ -1,0 +1,189 @@
+//! The one error type of the request path, mapped once to an OpenAI-format HTTP response.
+//!
+//! Handlers return `Result<_, ProxyError>`; nothing else builds an error response.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::openai::{ErrorBody, ErrorObject};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error(
+        "We could not parse the JSON body of your request: {message} (line {line}, column {column})"
+    )]
+    MalformedJson {
+        message: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("Invalid value for '{field}': {message}")]
+    InvalidField { field: String, message: String },
+    #[error("Invalid request body: {0}")]
+    InvalidBody(String),
+    #[error("The request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("Unknown route: {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    #[error("No upstream is configured for model '{model}'")]
+    ModelNotRouted { model: String },
+    #[error("Invalid or missing API key. Send a ctxproxy key as 'Authorization: Bearer <key>'.")]
+    Unauthorized,
+    #[error("The upstream '{upstream}' is unreachable: {reason}")]
+    UpstreamUnreachable { upstream: String, reason: String },
+    #[error("The upstream '{upstream}' did not answer within {timeout_ms} ms ({phase} timeout)")]
+    UpstreamTimeout {
+        upstream: String,
+        phase: &'static str,
+        timeout_ms: u128,
+    },
+    #[error("ctxproxy is at its concurrency limit; retry later")]
+    Overloaded,
+    #[error("ctxproxy is shutting down")]
+    ShuttingDown,
+    #[error("Internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::MalformedJson { .. }
+            | ProxyError::InvalidField { .. }
+            | ProxyError::InvalidBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::RouteNotFound { .. } | ProxyError::ModelNotRouted { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Overloaded | ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI `type` of the error.
+    pub fn openai_type(&self) -> &'static str {
+        match self {
+            ProxyError::Unauthorized => "authentication_error",
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::Overloaded
+            | ProxyError::ShuttingDown
+            | ProxyError::Internal(_) => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The OpenAI `code`, also a low-cardinality label for metrics and logs.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::MalformedJson { .. } => "invalid_json",
+            ProxyError::InvalidField { .. } => "invalid_value",
+            ProxyError::InvalidBody(_) => "invalid_body",
+            ProxyError::BodyTooLarge { .. } => "request_too_large",
+            ProxyError::RouteNotFound { .. } => "unknown_url",
+            ProxyError::ModelNotRouted { .. } => "model_not_found",
+            ProxyError::Unauthorized => "invalid_api_key",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::Overloaded => "overloaded",
+            ProxyError::ShuttingDown => "shutting_down",
+            ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    fn param(&self) -> Option<String> {
+        match self {
+            ProxyError::InvalidField { field, .. } => Some(field.clone()),
+            ProxyError::ModelNotRouted { .. } => Some("model".to_owned()),
+            _ => None,
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorObject {
+                message: self.to_string(),
+                kind: self.openai_type().to_owned(),
+                param: self.param(),
+                code: Some(self.code().to_owned()),
+            },
+        }
+    }
+
+    /// Maps a JSON parse failure of a request body to the right 400.
+    pub fn from_json(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data if path != "." => ProxyError::InvalidField {
+                field: path,
+                message: strip_position(&inner),
+            },
+            serde_json::error::Category::Data => ProxyError::InvalidBody(strip_position(&inner)),
+            _ => ProxyError::MalformedJson {
+                message: strip_position(&inner),
+                line: inner.line(),
+                column: inner.column(),
+            },
+        }
+    }
+}
+
+/// serde_json appends " at line L column C"; we report those separately (or not at all).
+fn strip_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    }
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if matches!(self, ProxyError::Unauthorized) {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::ChatRequest;
+
+    fn parse(text: &str) -> ProxyError {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let err = serde_path_to_error::deserialize::<_, ChatRequest>(&mut de).unwrap_err();
+        ProxyError::from_json(err)
+    }
+
+    #[test]
+    fn syntax_errors_carry_line_and_column() {
+        let err = parse("{\n  \"model\": \"x\",\n  \"messages\": [,]\n}");
+        assert!(
+            matches!(err, ProxyError::MalformedJson { line: 3, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert!(err.to_string().contains("line 3, column"));
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let err = parse(r#"{"model":"x","messages":[{"role":"user","content":5}]}"#);
+        let body = err.body();
+        assert_eq!(body.error.param.as_deref(), Some("messages[0].content"));
+        assert_eq!(body.error.code.as_deref(), Some("invalid_value"));
+        let err = parse(r#"{"messages":[]}"#);
+        assert!(err.to_string().contains("missing field `model`"), "{err}");
+    }
+}

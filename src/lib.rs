@@ -1,0 +1,14 @@
+//! ctxproxy: an OpenAI-compatible reverse proxy that makes chat requests smaller without
+//! making answers worse. See DESIGN.md in the repository for the request flow.
+#![forbid(unsafe_code)]
+
+pub mod auth; // proxy keys → tenants
+pub mod body; // response body adapters (end observation, deadlines, SSE framing)
+pub mod config; // typed config, env overrides, validation
+pub mod error; // ProxyError → OpenAI-format responses
+pub mod metrics; // every Prometheus metric
+pub mod mock_upstream; // the fake OpenAI model for tests and load runs
+pub mod openai; // lossless wire types and SSE parsing
+pub mod server; // routes, middleware, handlers, shutdown
+pub mod telemetry; // tracing setup
+pub mod upstream; // upstream clients, routing, timeouts, header policy

@@ -1,0 +1,131 @@
+//! Every Prometheus metric ctxproxy exports, defined in one place on a registry that is passed
+//! down (no global statics). Label values come only from closed sets or configured names.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Request and upstream latency buckets, in seconds: from 100 µs to 5 min.
+const DURATION_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// `route` ∈ chat_completions, passthrough, healthz, readyz, metrics, not_found.
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub upstream_duration: HistogramVec,
+    /// `kind` ∈ connect, timeout, body.
+    pub upstream_errors: IntCounterVec,
+    pub in_flight: IntGauge,
+    pub build_info: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_requests_total",
+                "HTTP requests answered by ctxproxy, by route and HTTP status.",
+            ),
+            &["route", "status"],
+        )?;
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "ctxproxy_request_duration_seconds",
+                "Time from receiving a request to the end of its response body (streams included).",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["route"],
+        )?;
+        let upstream_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "ctxproxy_upstream_duration_seconds",
+                "Time from sending a request upstream to the end of the upstream's response body.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["upstream"],
+        )?;
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_upstream_errors_total",
+                "Upstream calls that failed without an HTTP response, by kind (connect, timeout, body).",
+            ),
+            &["upstream", "kind"],
+        )?;
+        let in_flight = IntGauge::new(
+            "ctxproxy_in_flight_requests",
+            "Requests being served right now, streams included.",
+        )?;
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "ctxproxy_build_info",
+                "Always 1; the version of the running binary.",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_duration.clone()))?;
+        registry.register(Box::new(upstream_duration.clone()))?;
+        registry.register(Box::new(upstream_errors.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(build_info.clone()))?;
+        Ok(Metrics {
+            registry,
+            requests,
+            request_duration,
+            upstream_duration,
+            upstream_errors,
+            in_flight,
+            build_info,
+        })
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_help_and_the_prefix() {
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .requests
+            .with_label_values(&["healthz", "200"])
+            .inc();
+        metrics
+            .request_duration
+            .with_label_values(&["healthz"])
+            .observe(0.001);
+        metrics
+            .upstream_duration
+            .with_label_values(&["default"])
+            .observe(0.001);
+        metrics
+            .upstream_errors
+            .with_label_values(&["default", "connect"])
+            .inc();
+        for family in metrics.registry.gather() {
+            assert!(family.name().starts_with("ctxproxy_"), "{}", family.name());
+            assert!(!family.help().is_empty(), "{}", family.name());
+        }
+        assert!(metrics.render().contains("ctxproxy_in_flight_requests 0"));
+    }
+}

@@ -1,0 +1,352 @@
+//! `ctxproxy mock-upstream`: an OpenAI-compatible fake model for tests, demos and load runs.
+//!
+//! Answers are deterministic functions of the request ([`reply`]). Request headers steer it:
+//! `X-Mock-Status: 503` fails with that status, `X-Mock-Tool-Call: auto|<name>` answers with a
+//! tool call, `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
+//! body and headers to a non-streaming answer. It stores nothing; `/mock/stats` exposes counters.
+
+mod embeddings;
+mod reply;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+
+pub use reply::{MockToolCall, Reply, reply_for};
+
+use crate::openai::ChatRequest;
+
+#[derive(Debug, Clone, Default)]
+pub struct MockOptions {
+    /// Delay before the first byte of every answer.
+    pub latency: Duration,
+    /// Stream pacing; `None` sends every chunk at once.
+    pub tokens_per_sec: Option<f64>,
+}
+
+/// Counters a test can read (in process, or as JSON at `GET /mock/stats`).
+#[derive(Debug, Default)]
+pub struct MockStats {
+    pub requests: AtomicU64,
+    pub chat_requests: AtomicU64,
+    pub streams_started: AtomicU64,
+    pub streams_completed: AtomicU64,
+    /// Streams whose client (the proxy) went away before the end.
+    pub streams_cancelled: AtomicU64,
+    changed: Notify,
+}
+
+impl MockStats {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `condition` holds (checked after every change).
+    pub async fn wait_until(&self, condition: impl Fn(&MockStats) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            if condition(self) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    fn bump(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "requests": Self::get(&self.requests),
+            "chat_requests": Self::get(&self.chat_requests),
+            "streams_started": Self::get(&self.streams_started),
+            "streams_completed": Self::get(&self.streams_completed),
+            "streams_cancelled": Self::get(&self.streams_cancelled),
+        })
+    }
+}
+
+#[derive(Clone)]
+struct MockState {
+    options: Arc<MockOptions>,
+    stats: Arc<MockStats>,
+}
+
+pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
+    let stats = Arc::new(MockStats::default());
+    let state = MockState {
+        options: Arc::new(options),
+        stats: stats.clone(),
+    };
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/mock/stats", get(stats_json))
+        .with_state(state);
+    (router, stats)
+}
+
+/// Serves the mock until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    options: MockOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let (router, _stats) = router(options);
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn error_response(status: StatusCode, message: &str, code: &str) -> Response {
+    let body =
+        json!({"error": {"message": message, "type": "mock_error", "param": null, "code": code}});
+    (status, axum::Json(body)).into_response()
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Applies `X-Mock-Latency-Ms` / the configured latency, then `X-Mock-Status`.
+async fn common_prelude(state: &MockState, headers: &HeaderMap) -> Result<(), Response> {
+    state.stats.bump(&state.stats.requests);
+    let latency = header_str(headers, "x-mock-latency-ms")
+        .and_then(|v| v.parse().ok())
+        .map_or(state.options.latency, Duration::from_millis);
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    if let Some(status) = header_str(headers, "x-mock-status").and_then(|v| v.parse::<u16>().ok()) {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if !status.is_success() {
+            let message = format!("mock failure with status {}", status.as_u16());
+            return Err(error_response(
+                status,
+                &message,
+                &format!("mock_status_{}", status.as_u16()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn chat_completions(
+    State(state): State<MockState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(response) = common_prelude(&state, &headers).await {
+        return response;
+    }
+    state.stats.bump(&state.stats.chat_requests);
+    let request: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_json"),
+    };
+    let reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
+    if request.is_stream() {
+        return stream_reply(&state, reply, request.include_usage());
+    }
+    let mut completion = completion_json(&reply);
+    if header_str(&headers, "x-mock-echo") == Some("1") {
+        let received: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let echoed_headers: serde_json::Map<String, Value> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap_or(""))))
+            .collect();
+        completion["mock_echo"] = json!({"body": received, "headers": echoed_headers});
+    }
+    axum::Json(completion).into_response()
+}
+
+fn completion_json(reply: &Reply) -> Value {
+    let mut message = json!({"role": "assistant", "content": reply.content()});
+    if !reply.tool_calls.is_empty() {
+        message["content"] = Value::Null;
+        message["tool_calls"] = reply
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
+    json!({
+        "id": reply.id,
+        "object": "chat.completion",
+        "created": reply.created,
+        "model": reply.model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": reply.finish_reason()}],
+        "usage": reply.usage(),
+        "system_fingerprint": "fp_mock",
+    })
+}
+
+/// The SSE events of a reply, `data: [DONE]` included.
+fn stream_events(reply: &Reply, include_usage: bool) -> Vec<String> {
+    let chunk = |delta: Value, finish: Value| {
+        json!({
+            "id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
+            "model": reply.model, "system_fingerprint": "fp_mock",
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        })
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    for piece in &reply.pieces {
+        events.push(chunk(json!({"content": piece}), Value::Null));
+    }
+    for (index, call) in reply.tool_calls.iter().enumerate() {
+        events.push(chunk(
+            json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                   "function": {"name": call.name, "arguments": ""}}]}),
+            Value::Null,
+        ));
+        let chars: Vec<char> = call.arguments.chars().collect();
+        for part in chars.chunks(8) {
+            let text: String = part.iter().collect();
+            events.push(chunk(
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]}),
+                Value::Null,
+            ));
+        }
+    }
+    events.push(chunk(json!({}), json!(reply.finish_reason())));
+    let mut lines: Vec<String> = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    if include_usage {
+        let usage = json!({
+            "id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
+            "model": reply.model, "system_fingerprint": "fp_mock", "choices": [], "usage": reply.usage(),
+        });
+        lines.push(format!("data: {usage}\n\n"));
+    }
+    lines.push("data: [DONE]\n\n".to_owned());
+    lines
+}
+
+fn stream_reply(state: &MockState, reply: Reply, include_usage: bool) -> Response {
+    let events = stream_events(&reply, include_usage);
+    let pause = state
+        .options
+        .tokens_per_sec
+        .filter(|tps| *tps > 0.0)
+        .map(|tps| Duration::from_secs_f64(1.0 / tps));
+    let stats = state.stats.clone();
+    stats.bump(&stats.streams_started);
+    let (tx, rx) = mpsc::channel::<Bytes>(1);
+    tokio::spawn(async move {
+        for (i, event) in events.into_iter().enumerate() {
+            if i > 0
+                && let Some(pause) = pause
+            {
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = tx.closed() => {
+                        stats.bump(&stats.streams_cancelled);
+                        return;
+                    }
+                }
+            }
+            if tx.send(Bytes::from(event)).await.is_err() {
+                stats.bump(&stats.streams_cancelled);
+                return;
+            }
+        }
+        // The last event is queued; wait until the body has taken it (or was dropped).
+        tx.closed().await;
+        stats.bump(&stats.streams_completed);
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+const MODELS: &[&str] = &[
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4.1",
+    "o3-mini",
+    "mock-embedding",
+];
+
+fn model_json(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 1_700_000_000, "owned_by": "ctxproxy-mock"})
+}
+
+async fn models(State(state): State<MockState>, headers: HeaderMap) -> Response {
+    if let Err(response) = common_prelude(&state, &headers).await {
+        return response;
+    }
+    let data: Vec<Value> = MODELS.iter().map(|id| model_json(id)).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn model(
+    State(state): State<MockState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(response) = common_prelude(&state, &headers).await {
+        return response;
+    }
+    axum::Json(model_json(&id)).into_response()
+}
+
+async fn stats_json(State(state): State<MockState>) -> Response {
+    axum::Json(state.stats.to_json()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_events_rebuild_the_reply() {
+        let request: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi [mock:tool_call]"}],
+            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {
+                "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+        }))
+        .unwrap();
+        let reply = reply_for(&request, b"x", None);
+        let events = stream_events(&reply, true);
+        assert_eq!(events.last().unwrap(), "data: [DONE]\n\n");
+        let mut arguments = String::new();
+        for event in &events[..events.len() - 1] {
+            let chunk: Value =
+                serde_json::from_str(event.trim_start_matches("data: ").trim()).unwrap();
+            if let Some(args) = chunk.pointer("/choices/0/delta/tool_calls/0/function/arguments") {
+                arguments.push_str(args.as_str().unwrap());
+            }
+        }
+        assert_eq!(arguments, reply.tool_calls[0].arguments);
+    }
+}

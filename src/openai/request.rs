@@ -1,0 +1,262 @@
+//! `POST /v1/chat/completions` request body.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+use super::{Extra, Nullable};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub stream: Nullable<bool>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub stream_options: Nullable<StreamOptions>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub tools: Nullable<Vec<Tool>>,
+    /// `"none" | "auto" | "required" | {"type":"function","function":{"name":…}}`.
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub tool_choice: Nullable<Value>,
+    /// Legacy function calling.
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub functions: Nullable<Vec<FunctionDefinition>>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub function_call: Nullable<Value>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub response_format: Nullable<Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl ChatRequest {
+    pub fn is_stream(&self) -> bool {
+        self.stream.get().copied().unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .get()
+            .and_then(|o| o.include_usage.get().copied())
+            .unwrap_or(false)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub include_usage: Nullable<bool>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub content: Nullable<Content>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub name: Nullable<String>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub tool_calls: Nullable<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub tool_call_id: Nullable<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl Message {
+    /// A message with only a role and text content.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: Nullable::Value(Content::Text(text.into())),
+            name: Nullable::Absent,
+            tool_calls: Nullable::Absent,
+            tool_call_id: Nullable::Absent,
+            extra: Extra::new(),
+        }
+    }
+
+    /// The tool calls of an assistant message; empty for every other message.
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        self.tool_calls.get().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// A message role. Unknown roles are kept as they were written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+    Other(String),
+}
+
+impl Role {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+            Role::Other(other) => other,
+        }
+    }
+}
+
+impl From<&str> for Role {
+    fn from(value: &str) -> Self {
+        match value {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            "function" => Role::Function,
+            other => Role::Other(other.to_owned()),
+        }
+    }
+}
+
+impl Serialize for Role {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RoleVisitor;
+        impl Visitor<'_> for RoleVisitor {
+            type Value = Role;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a role string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Role, E> {
+                Ok(Role::from(v))
+            }
+        }
+        deserializer.deserialize_str(RoleVisitor)
+    }
+}
+
+/// Message content: a plain string or an array of typed parts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl Content {
+    /// The text of the content: the string, or the `text` of every text part joined by newlines.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Content::Text(text) => std::borrow::Cow::Borrowed(text),
+            Content::Parts(parts) => {
+                let texts: Vec<&str> = parts
+                    .iter()
+                    .filter_map(|p| p.text.get())
+                    .map(String::as_str)
+                    .collect();
+                std::borrow::Cow::Owned(texts.join("\n"))
+            }
+        }
+    }
+}
+
+impl Serialize for Content {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Content::Text(text) => serializer.serialize_str(text),
+            Content::Parts(parts) => parts.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ContentVisitor;
+        impl<'de> Visitor<'de> for ContentVisitor {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content::Text(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
+                Ok(Content::Text(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(1));
+                while let Some(part) = seq.next_element()? {
+                    parts.push(part);
+                }
+                Ok(Content::Parts(parts))
+            }
+        }
+        deserializer.deserialize_any(ContentVisitor)
+    }
+}
+
+/// One part of an array content: `{"type":"text","text":…}`, `{"type":"image_url",…}`, ….
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub text: Nullable<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCall,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text, as the model wrote it (not necessarily valid JSON).
+    pub arguments: String,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A tool definition. Non-function tool types keep their whole body in `extra`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionDefinition>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub description: Nullable<String>,
+    /// JSON Schema of the arguments.
+    #[serde(default, skip_serializing_if = "Nullable::is_absent")]
+    pub parameters: Nullable<Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}

@@ -1,0 +1,135 @@
+//! What every request goes through: request id, authentication, the concurrency limit,
+//! request metrics (counted when the response body ends, so streams are measured whole) and the
+//! access log. Message contents and `Authorization` are never logged.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::SharedState;
+use crate::auth::{Tenant, authenticate};
+use crate::body::{BodyEnd, ObservedBody};
+use crate::error::ProxyError;
+
+pub const X_REQUEST_ID: &str = "x-request-id";
+
+/// Per-request facts handlers need, inserted by [`observe`].
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub request_id: HeaderValue,
+    pub tenant: Tenant,
+}
+
+/// The bounded label for a path.
+fn route_label(method: &Method, path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" if method == Method::POST => "chat_completions",
+        "/healthz" => "healthz",
+        "/readyz" => "readyz",
+        "/metrics" => "metrics",
+        p if p.starts_with("/v1/") => "passthrough",
+        _ => "not_found",
+    }
+}
+
+pub async fn observe(
+    State(state): State<SharedState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let route = route_label(request.method(), request.uri().path());
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let request_id = request_id(&request);
+    request
+        .headers_mut()
+        .insert(X_REQUEST_ID, request_id.clone());
+
+    let metrics = &state.metrics;
+    metrics.in_flight.inc();
+    let (mut response, permit, tenant) = if matches!(route, "passthrough" | "chat_completions") {
+        match admit(&state, &mut request, &request_id).await {
+            Ok((permit, tenant)) => (next.run(request).await, Some(permit), Some(tenant)),
+            Err(e) => (e.into_response(), None, None),
+        }
+    } else {
+        (next.run(request).await, None, None)
+    };
+
+    let status = response.status();
+    metrics
+        .requests
+        .with_label_values(&[route, status.as_str()])
+        .inc();
+    response
+        .headers_mut()
+        .insert(X_REQUEST_ID, request_id.clone());
+
+    let in_flight = metrics.in_flight.clone();
+    let duration = metrics.request_duration.with_label_values(&[route]);
+    let (parts, body) = response.into_parts();
+    let body = ObservedBody::new(body, None, move |end: BodyEnd| {
+        drop(permit);
+        in_flight.dec();
+        let elapsed = started.elapsed();
+        duration.observe(elapsed.as_secs_f64());
+        if route != "healthz" && route != "readyz" && route != "metrics" {
+            tracing::info!(
+                target: "ctxproxy::access",
+                request_id = request_id.to_str().unwrap_or("-"),
+                tenant = tenant.as_ref().map_or("-", Tenant::as_str),
+                %method,
+                path,
+                status = status.as_u16(),
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                end = ?end,
+            );
+        }
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// Authenticates, then waits for a concurrency slot (back-pressure) up to the queue timeout.
+async fn admit(
+    state: &SharedState,
+    request: &mut Request,
+    request_id: &HeaderValue,
+) -> Result<(OwnedSemaphorePermit, Tenant), ProxyError> {
+    if state.is_shutting_down() {
+        return Err(ProxyError::ShuttingDown);
+    }
+    let tenant = authenticate(&state.config, request.headers())?;
+    let permit = tokio::time::timeout(
+        state.config.server.queue_timeout,
+        state.limiter.clone().acquire_owned(),
+    )
+    .await
+    .map_err(|_| ProxyError::Overloaded)?
+    .map_err(|_| ProxyError::ShuttingDown)?;
+    request.extensions_mut().insert(RequestContext {
+        request_id: request_id.clone(),
+        tenant: tenant.clone(),
+    });
+    Ok((permit, tenant))
+}
+
+/// The client's `X-Request-Id` when it is a sane token, else a new UUID.
+fn request_id(request: &Request) -> HeaderValue {
+    request
+        .headers()
+        .get(X_REQUEST_ID)
+        .filter(|v| {
+            let bytes = v.as_bytes();
+            !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        })
+}

@@ -1,0 +1,177 @@
+//! The HTTP server: routes, shared state, and graceful shutdown.
+//!
+//! The request flow of a chat completion lives in [`chat`]; every other `/v1/*` path is a
+//! transparent pass-through ([`passthrough`]); [`middleware`] wraps them all with request ids,
+//! auth, the concurrency limit, metrics and the access log.
+
+mod chat;
+mod middleware;
+mod ops;
+mod passthrough;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use middleware::RequestContext;
+
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use crate::upstream::Upstreams;
+
+/// Everything a request handler can read. Built once at start.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub upstreams: Upstreams,
+    pub metrics: Metrics,
+    limiter: Arc<Semaphore>,
+    shutting_down: AtomicBool,
+}
+
+pub type SharedState = Arc<AppState>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("upstream client: {0}")]
+    Upstream(#[from] std::io::Error),
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Result<SharedState, StartError> {
+        let upstreams = Upstreams::new(&config)?;
+        let metrics = Metrics::new()?;
+        Ok(Arc::new(AppState {
+            limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
+            config: Arc::new(config),
+            upstreams,
+            metrics,
+            shutting_down: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+}
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        // GET /v1/chat/completions (stored completions) and friends are plain pass-through.
+        .route(
+            "/v1/chat/completions",
+            post(chat::chat_completions).fallback(passthrough::forward),
+        )
+        .route("/v1/{*rest}", any(passthrough::forward))
+        .fallback(ops::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::observe,
+        ))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
+/// included) finish for up to `server.shutdown_grace_secs`.
+pub async fn serve(
+    listener: TcpListener,
+    state: SharedState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+
+    let grace = state.config.server.shutdown_grace;
+    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+    let signal_state = state.clone();
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        signal_state.shutting_down.store(true, Ordering::Relaxed);
+        tracing::info!(
+            grace_secs = grace.as_secs(),
+            "shutting down: waiting for in-flight requests"
+        );
+        let _ = stopping_tx.send(true);
+    });
+    let grace_elapsed = async move {
+        if stopping_rx.wait_for(|stopping| *stopping).await.is_ok() {
+            tokio::time::sleep(grace).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        result = std::future::IntoFuture::into_future(server) => result,
+        () = grace_elapsed => {
+            tracing::warn!("shutdown grace period elapsed; closing the remaining connections");
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
+/// Reads a whole request body, refusing more than `limit` bytes with a 413.
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError> {
+    if content_length(headers).is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(ProxyError::InvalidBody(format!(
+            "cannot read the body: {e}"
+        ))),
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}

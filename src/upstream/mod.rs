@@ -1,0 +1,249 @@
+//! Upstream clients: one pooled HTTP(S) client per configured upstream, routing by model,
+//! timeouts (connect, first byte, total), and the retry rule (only when the connection failed,
+//! so no byte of the request was sent).
+
+mod headers;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, Response, Uri};
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+
+pub use headers::{apply_upstream_auth, end_to_end};
+
+use crate::body::{BodyEnd, ObservedBody, SseEventBody};
+use crate::config::{Config, UpstreamConfig};
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// All upstreams, indexed as `Config::upstreams`.
+pub struct Upstreams {
+    list: Vec<Upstream>,
+}
+
+impl Upstreams {
+    pub fn new(config: &Config) -> Result<Upstreams, std::io::Error> {
+        let list = config
+            .upstreams
+            .iter()
+            .map(|c| Upstream::new(c.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok(Upstreams { list })
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Upstream> {
+        self.list.get(index)
+    }
+}
+
+pub struct Upstream {
+    pub config: UpstreamConfig,
+    client: HttpClient,
+}
+
+/// A request body for an upstream: buffered bodies can be re-sent after a connect failure.
+pub enum OutgoingBody {
+    Buffered(Bytes),
+    Streaming(Body),
+}
+
+/// The upstream's answer, with the instant the request started (for the total deadline).
+pub struct UpstreamResponse {
+    pub response: Response<Incoming>,
+    pub started: Instant,
+    pub deadline: Instant,
+}
+
+impl Upstream {
+    fn new(config: UpstreamConfig) -> Result<Upstream, std::io::Error> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .build(https);
+        Ok(Upstream { config, client })
+    }
+
+    /// The upstream URL for a path below `/v1` (e.g. `/chat/completions?x=1`).
+    pub fn uri(&self, suffix: &str) -> Result<Uri, ProxyError> {
+        format!("{}{}", self.config.base_url, suffix)
+            .parse()
+            .map_err(|e| ProxyError::InvalidBody(format!("cannot build the upstream URL: {e}")))
+    }
+
+    /// Sends a request and waits for the response head (first byte), retrying connect failures
+    /// of buffered requests.
+    pub async fn send(
+        &self,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: OutgoingBody,
+        metrics: &Metrics,
+    ) -> Result<UpstreamResponse, ProxyError> {
+        let started = Instant::now();
+        let deadline = started + self.config.total_timeout;
+        let first_byte_deadline = started
+            + self
+                .config
+                .first_byte_timeout
+                .min(self.config.total_timeout);
+        let (attempts, buffered, mut streaming) = match body {
+            OutgoingBody::Buffered(bytes) => (1 + self.config.connect_retries, Some(bytes), None),
+            OutgoingBody::Streaming(body) => (1, None, Some(body)),
+        };
+        for attempt in 1..=attempts {
+            let request_body = match (&buffered, streaming.take()) {
+                (Some(bytes), _) => Body::from(bytes.clone()),
+                (None, Some(body)) => body,
+                (None, None) => break,
+            };
+            let mut builder = Request::builder().method(method.clone()).uri(uri.clone());
+            if let Some(h) = builder.headers_mut() {
+                *h = headers.clone();
+            }
+            let request = builder
+                .body(request_body)
+                .map_err(|e| ProxyError::Internal(e.to_string()))?;
+            let result =
+                tokio::time::timeout_at(first_byte_deadline, self.client.request(request)).await;
+            match result {
+                Ok(Ok(response)) => {
+                    return Ok(UpstreamResponse {
+                        response,
+                        started,
+                        deadline,
+                    });
+                }
+                Err(_elapsed) => {
+                    self.count_error(metrics, "timeout");
+                    return Err(ProxyError::UpstreamTimeout {
+                        upstream: self.config.name.clone(),
+                        phase: "first byte",
+                        timeout_ms: (first_byte_deadline - started).as_millis(),
+                    });
+                }
+                Ok(Err(e)) if e.is_connect() && attempt < attempts => {
+                    self.count_error(metrics, "connect");
+                    tracing::debug!(upstream = %self.config.name, attempt, error = %error_chain(&e), "connect failed, retrying");
+                }
+                Ok(Err(e)) => {
+                    if find_source::<http_body_util::LengthLimitError>(&e).is_some() {
+                        // The caller knows the limit it set on the streamed body.
+                        return Err(ProxyError::BodyTooLarge { limit: 0 });
+                    }
+                    let connect = e.is_connect();
+                    self.count_error(metrics, if connect { "connect" } else { "request" });
+                    if connect && is_timeout(&e) {
+                        return Err(ProxyError::UpstreamTimeout {
+                            upstream: self.config.name.clone(),
+                            phase: "connect",
+                            timeout_ms: self.config.connect_timeout.as_millis(),
+                        });
+                    }
+                    return Err(ProxyError::UpstreamUnreachable {
+                        upstream: self.config.name.clone(),
+                        reason: error_chain(&e),
+                    });
+                }
+            }
+        }
+        Err(ProxyError::Internal(
+            "upstream retry loop ended without an answer".into(),
+        ))
+    }
+
+    fn count_error(&self, metrics: &Metrics, kind: &str) {
+        metrics
+            .upstream_errors
+            .with_label_values(&[self.config.name.as_str(), kind])
+            .inc();
+    }
+}
+
+/// `e` and its sources, joined: hyper's top-level messages alone say little.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The first error of type `T` in `e`'s source chain.
+fn find_source<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(found) = s.downcast_ref::<T>() {
+            return Some(found);
+        }
+        source = s.source();
+    }
+    None
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    find_source::<std::io::Error>(e).is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+}
+
+impl Upstream {
+    /// The client's response: the upstream's status, end-to-end headers and body, streamed, with
+    /// the total deadline applied and SSE re-framed one event per frame.
+    pub fn relay(&self, answer: UpstreamResponse, metrics: &Metrics) -> Response<Body> {
+        let UpstreamResponse {
+            response,
+            started,
+            deadline,
+        } = answer;
+        let (mut parts, body) = response.into_parts();
+        parts.headers = end_to_end(&parts.headers);
+        let is_sse = parts
+            .headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let duration = metrics
+            .upstream_duration
+            .with_label_values(&[self.config.name.as_str()]);
+        let errors = metrics.upstream_errors.clone();
+        let name = self.config.name.clone();
+        let observed = ObservedBody::new(body, Some(deadline), move |end| {
+            duration.observe(started.elapsed().as_secs_f64());
+            let kind = match end {
+                BodyEnd::DeadlineExceeded => "timeout",
+                BodyEnd::Failed => "body",
+                BodyEnd::Complete | BodyEnd::Dropped => return,
+            };
+            errors.with_label_values(&[name.as_str(), kind]).inc();
+        });
+        let body = if is_sse {
+            parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+            Body::new(SseEventBody::new(observed))
+        } else {
+            Body::new(observed)
+        };
+        Response::from_parts(parts, body)
+    }
+}
