@@ -29,7 +29,10 @@ type OnEnd = Box<dyn FnOnce(BodyEnd) + Send>;
 
 pin_project! {
     /// Calls `on_end` exactly once when the body ends, fails, hits `deadline`, or is dropped.
-    pub struct ObservedBody<B> {
+    pub struct ObservedBody<B>
+    where
+        B: Body,
+    {
         #[pin]
         inner: B,
         #[pin]
@@ -37,16 +40,22 @@ pin_project! {
         on_end: Option<OnEnd>,
     }
 
-    impl<B> PinnedDrop for ObservedBody<B> {
+    impl<B> PinnedDrop for ObservedBody<B>
+    where
+        B: Body,
+    {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(on_end) = this.project().on_end.take() {
-                on_end(BodyEnd::Dropped);
+            let this = this.project();
+            if let Some(on_end) = this.on_end.take() {
+                // A sized body is not polled past its last byte: that is a completion.
+                let end = if this.inner.is_end_stream() { BodyEnd::Complete } else { BodyEnd::Dropped };
+                on_end(end);
             }
         }
     }
 }
 
-impl<B> ObservedBody<B> {
+impl<B: Body> ObservedBody<B> {
     pub fn new(
         inner: B,
         deadline: Option<Instant>,
@@ -85,10 +94,11 @@ where
             }
             return Poll::Ready(Some(Err(Box::new(DeadlineExceeded))));
         }
-        let polled = ready!(this.inner.poll_frame(cx));
+        let polled = ready!(this.inner.as_mut().poll_frame(cx));
         let end = match &polled {
             None => Some(BodyEnd::Complete),
             Some(Err(_)) => Some(BodyEnd::Failed),
+            Some(Ok(_)) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
             Some(Ok(_)) => None,
         };
         if let Some(end) = end

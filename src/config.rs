@@ -264,17 +264,19 @@ impl Config {
         Config::from_toml(&text, std::env::vars())
     }
 
-    /// Parses TOML text, applies `CTXPROXY_*` overrides from `env`, validates.
+    /// Parses TOML text, applies `CTXPROXY_*` overrides from `env`, validates. Upstream keys
+    /// (`api_key_env`) are read from `env` too.
     pub fn from_toml(
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> = env.into_iter().collect();
         let mut table: toml::Table =
             toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-        apply_env_overrides(&mut table, env)?;
+        apply_env_overrides(&mut table, &env)?;
         let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| ConfigError::invalid(e.path().to_string(), e.inner().to_string()))?;
-        raw.validate(&|name| std::env::var(name).ok())
+        raw.validate(&|name| env.get(name).cloned())
     }
 
     /// The effective config as TOML, with secrets reported as set/unset only.
@@ -509,9 +511,11 @@ fn to_usize(key: &str, value: u64) -> Result<usize, ConfigError> {
 /// (`100`, `true`, `["a","b"]`), else as a string.
 fn apply_env_overrides(
     table: &mut toml::Table,
-    env: impl IntoIterator<Item = (String, String)>,
+    env: &HashMap<String, String>,
 ) -> Result<(), ConfigError> {
-    for (var, value) in env {
+    let mut vars: Vec<(&String, &String)> = env.iter().collect();
+    vars.sort_unstable();
+    for (var, value) in vars {
         let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
             continue;
         };
@@ -523,7 +527,7 @@ fn apply_env_overrides(
                 .map(|key| (*section, key))
         }) else {
             return Err(ConfigError::Env {
-                var,
+                var: var.clone(),
                 message: format!(
                     "expected CTXPROXY_<SECTION>_<KEY> with SECTION one of {}",
                     ENV_SECTIONS.join(", ").to_uppercase()
@@ -539,7 +543,7 @@ fn apply_env_overrides(
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let toml::Value::Table(section_table) = entry else {
             return Err(ConfigError::Env {
-                var,
+                var: var.clone(),
                 message: format!("[{section}] is not a table in the config file"),
             });
         };

@@ -255,32 +255,37 @@ fn stream_reply(state: &MockState, reply: Reply, include_usage: bool) -> Respons
     let stats = state.stats.clone();
     stats.bump(&stats.streams_started);
     let (tx, rx) = mpsc::channel::<Bytes>(1);
+    let sender_stats = stats.clone();
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
-            if i > 0
-                && let Some(pause) = pause
-            {
+            if let (true, Some(pause)) = (i > 0, pause) {
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}
                     () = tx.closed() => {
-                        stats.bump(&stats.streams_cancelled);
+                        sender_stats.bump(&sender_stats.streams_cancelled);
                         return;
                     }
                 }
             }
             if tx.send(Bytes::from(event)).await.is_err() {
-                stats.bump(&stats.streams_cancelled);
+                sender_stats.bump(&sender_stats.streams_cancelled);
                 return;
             }
         }
-        // The last event is queued; wait until the body has taken it (or was dropped).
-        tx.closed().await;
-        stats.bump(&stats.streams_completed);
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    // The sender only stops early when the receiver is gone, so a stream that sees the channel
+    // end has delivered every event.
+    let stream = futures_util::stream::unfold(rx, move |mut rx| {
+        let stats = stats.clone();
+        async move {
+            match rx.recv().await {
+                Some(bytes) => Some((Ok::<_, Infallible>(bytes), rx)),
+                None => {
+                    stats.bump(&stats.streams_completed);
+                    None
+                }
+            }
+        }
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")

@@ -1,0 +1,110 @@
+"""Real-client check: the official `openai` package talks to ctxproxy (in front of the mock).
+
+Run by tests/openai_sdk.rs with OPENAI_BASE_URL pointing at the proxy. Exits non-zero on the
+first failed check.
+"""
+
+import json
+import os
+import sys
+
+import openai
+
+client = openai.OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="sk-test-client", max_retries=0)
+MODEL = "gpt-4o"
+
+# 1. A chat completion.
+completion = client.chat.completions.create(
+    model=MODEL,
+    messages=[
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say hello"},
+    ],
+)
+assert completion.choices[0].message.content == 'Mock answer to "Say hello" after 2 messages.', completion
+assert completion.choices[0].finish_reason == "stop"
+assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+
+# 2. The same, streamed, with usage.
+stream = client.chat.completions.create(
+    model=MODEL,
+    messages=[
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say hello"},
+    ],
+    stream=True,
+    stream_options={"include_usage": True},
+)
+pieces, finish, usage = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        if choice.delta.content:
+            pieces.append(choice.delta.content)
+        if choice.finish_reason:
+            finish = choice.finish_reason
+assert "".join(pieces) == completion.choices[0].message.content, pieces
+assert finish == "stop"
+assert usage is not None and usage.completion_tokens == completion.usage.completion_tokens
+
+# 3. A tool-call round trip: the model calls a tool, we answer it, the model concludes.
+tools = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+messages = [{"role": "user", "content": "Weather in Paris?"}]
+first = client.chat.completions.create(
+    model=MODEL, messages=messages, tools=tools, extra_headers={"X-Mock-Tool-Call": "get_weather"}
+)
+call = first.choices[0].message.tool_calls[0]
+assert first.choices[0].finish_reason == "tool_calls"
+assert call.function.name == "get_weather"
+assert json.loads(call.function.arguments) == {"city": "mock"}
+messages.append(first.choices[0].message.model_dump(exclude_none=True))
+messages.append({"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18, "sky": "clear"}'})
+second = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+assert second.choices[0].message.content.startswith("Mock summary of the tool result:"), second
+assert '"temp_c": 18' in second.choices[0].message.content
+
+# 4. A streamed tool call is reassembled by the SDK's stream helper.
+with client.chat.completions.stream(
+    model=MODEL, messages=messages[:1], tools=tools, extra_headers={"X-Mock-Tool-Call": "auto"}
+) as events:
+    final = events.get_final_completion()
+streamed_call = final.choices[0].message.tool_calls[0]
+assert streamed_call.function.name == "get_weather"
+assert json.loads(streamed_call.function.arguments) == {"city": "mock"}
+
+# 5. Embeddings (the SDK asks for base64 and decodes it) and model listing.
+embedding = client.embeddings.create(model="text-embedding-3-small", input=["hello", "world"])
+assert len(embedding.data) == 2 and len(embedding.data[0].embedding) == 16
+assert abs(sum(x * x for x in embedding.data[0].embedding) - 1.0) < 1e-3
+models = [m.id for m in client.models.list()]
+assert MODEL in models, models
+
+# 6. Errors surface as the SDK's typed exceptions.
+try:
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                   extra_headers={"X-Mock-Status": "503"})
+    raise AssertionError("expected an error")
+except openai.InternalServerError as e:
+    assert e.status_code == 503
+try:
+    client.chat.completions.create(model=MODEL, messages="not a list")
+    raise AssertionError("expected an error")
+except openai.BadRequestError as e:
+    assert e.status_code == 400 and e.body["param"] == "messages", e.body
+
+print("openai SDK checks passed")
+sys.exit(0)

@@ -1,0 +1,110 @@
+//! Shared helpers for integration tests: the mock upstream and the proxy, in process, on
+//! ephemeral ports.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ctxproxy::config::Config;
+use ctxproxy::mock_upstream::{self, MockOptions, MockStats};
+use ctxproxy::server::{self, AppState, SharedState};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub stats: Arc<MockStats>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Mock {
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+pub async fn start_mock(options: MockOptions) -> Mock {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (router, stats) = mock_upstream::router(options);
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    Mock {
+        addr,
+        stats,
+        _stop: stop,
+    }
+}
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub state: SharedState,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<std::io::Result<()>>,
+}
+
+impl Proxy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends the shutdown signal; returns the server task to await.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub async fn join(self) -> std::io::Result<()> {
+        self.handle.await.unwrap()
+    }
+}
+
+/// Starts ctxproxy with `toml` (plus `env` for overrides and upstream keys).
+pub async fn start_proxy_with_env(toml: &str, env: Vec<(String, String)>) -> Proxy {
+    let config = Config::from_toml(toml, env).unwrap();
+    let state = AppState::new(config).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(server::serve(listener, state.clone(), async move {
+        let _ = stopped.await;
+    }));
+    Proxy {
+        addr,
+        state,
+        stop: Some(stop),
+        handle,
+    }
+}
+
+pub async fn start_proxy(toml: &str) -> Proxy {
+    start_proxy_with_env(toml, Vec::new()).await
+}
+
+/// A proxy in front of `mock` with extra config lines.
+pub async fn proxy_for(mock: &Mock, extra: &str) -> Proxy {
+    start_proxy(&format!(
+        "[upstream]\nbase_url = \"{}\"\n{extra}",
+        mock.base_url()
+    ))
+    .await
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// A port where nothing listens.
+pub async fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().port()
+}
