@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
 use super::{Extra, Nullable};
+use crate::error::ProxyError;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
@@ -33,6 +34,20 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// Parses a request body; failures become a 400 naming the line and column (malformed JSON)
+    /// or the field (wrong type, missing field).
+    pub fn parse(bytes: &[u8]) -> Result<ChatRequest, ProxyError> {
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let chat: ChatRequest =
+            serde_path_to_error::deserialize(&mut deserializer).map_err(ProxyError::from_json)?;
+        deserializer.end().map_err(|e| ProxyError::MalformedJson {
+            message: "trailing characters after the JSON body".into(),
+            line: e.line(),
+            column: e.column(),
+        })?;
+        Ok(chat)
+    }
+
     pub fn is_stream(&self) -> bool {
         self.stream.get().copied().unwrap_or(false)
     }

@@ -6,7 +6,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::response::Response;
-use bytes::Bytes;
 
 use super::{RequestContext, SharedState, read_body};
 use crate::error::ProxyError;
@@ -20,7 +19,7 @@ pub async fn chat_completions(
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
-    let chat = parse_chat_request(&bytes)?;
+    let chat = ChatRequest::parse(&bytes)?;
 
     let upstream = state
         .config
@@ -56,17 +55,4 @@ pub async fn chat_completions(
         )
         .await?;
     Ok(upstream.relay(answer, &state.metrics))
-}
-
-/// Parses a chat request, mapping failures to a 400 that names the line/column or the field.
-pub fn parse_chat_request(bytes: &Bytes) -> Result<ChatRequest, ProxyError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let chat: ChatRequest =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(ProxyError::from_json)?;
-    deserializer.end().map_err(|e| ProxyError::MalformedJson {
-        message: "trailing characters after the JSON body".into(),
-        line: e.line(),
-        column: e.column(),
-    })?;
-    Ok(chat)
 }
