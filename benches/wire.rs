@@ -8,13 +8,13 @@ use serde_json::{Value, json};
 /// A 20-turn agent conversation with tool calls and tool results, about 30 KB.
 fn twenty_turn_request() -> Vec<u8> {
     let mut messages = vec![
-        json!({"role": "system", "content": "You are a support agent for an airline. Follow the policy. ".repeat(20)}),
+        json!({"role": "system", "content": "You are a support agent for an airline. Follow the policy. ".repeat(40)}),
     ];
     for turn in 0..20 {
         messages.push(json!({"role": "user", "content": format!("Turn {turn}: please check reservation ABC{turn:03} and tell me the status of flight HAT{turn:03}, and whether I can change it.")}));
-        if turn % 2 == 0 {
+        if turn % 3 != 2 {
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{turn}"), "type": "function", "function": {"name": "get_reservation_details", "arguments": format!("{{\"reservation_id\":\"ABC{turn:03}\"}}")}}]}));
-            messages.push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": json!({"reservation_id": format!("ABC{turn:03}"), "user_id": "mia_li_3668", "origin": "JFK", "destination": "SEA", "flight_type": "round_trip", "cabin": "economy", "flights": [{"flight_number": format!("HAT{turn:03}"), "date": "2024-05-20", "price": 1234}, {"flight_number": "HAT045", "date": "2024-05-27", "price": 987}], "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}], "payment_history": [{"payment_id": "credit_card_4421486", "amount": 2221}], "created_at": "2024-05-01T10:00:00", "total_baggages": 1, "nonfree_baggages": 0, "insurance": "no"}).to_string()}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": json!({"reservation_id": format!("ABC{turn:03}"), "user_id": "mia_li_3668", "origin": "JFK", "destination": "SEA", "flight_type": "round_trip", "cabin": "economy", "flights": [{"flight_number": format!("HAT{turn:03}"), "date": "2024-05-20", "price": 1234}, {"flight_number": "HAT045", "date": "2024-05-27", "price": 987}], "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}], "payment_history": [{"payment_id": "credit_card_4421486", "amount": 2221}], "created_at": "2024-05-01T10:00:00", "total_baggages": 1, "nonfree_baggages": 0, "insurance": "no", "policy_notes": "Changes are allowed for a fee in basic economy only within 24 hours of booking. ".repeat(5)}).to_string()}));
         }
         messages.push(json!({"role": "assistant", "content": format!("Reservation ABC{turn:03} is confirmed. Flight HAT{turn:03} departs on time. You can change it for a fee according to the policy, which depends on your cabin class and membership level.")}));
     }

@@ -37,6 +37,10 @@ impl ChatRequest {
     /// Parses a request body; failures become a 400 naming the line and column (malformed JSON)
     /// or the field (wrong type, missing field).
     pub fn parse(bytes: &[u8]) -> Result<ChatRequest, ProxyError> {
+        // Fast path without path tracking; on failure, parse again to name the field.
+        if let Ok(chat) = serde_json::from_slice::<ChatRequest>(bytes) {
+            return Ok(chat);
+        }
         let mut deserializer = serde_json::Deserializer::from_slice(bytes);
         let chat: ChatRequest =
             serde_path_to_error::deserialize(&mut deserializer).map_err(ProxyError::from_json)?;
