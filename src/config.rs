@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Sections that environment overrides may address (`CTXPROXY_<SECTION>_<KEY>`).
-/// A test checks this list against [`RawConfig`]'s fields.
-const ENV_SECTIONS: &[&str] = &["server", "log", "upstream", "auth"];
+use crate::pipeline::PipelineConfig;
+use crate::tokens::Encoding;
+
 const ENV_PREFIX: &str = "CTXPROXY_";
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,7 @@ pub struct RawConfig {
     pub upstream: RawUpstream,
     pub routes: Vec<RawRoute>,
     pub auth: RawAuth,
+    pub pipeline: PipelineConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -105,6 +106,8 @@ pub struct RawUpstream {
     pub connect_retries: u32,
     pub pool_idle_timeout_secs: u64,
     pub pool_max_idle_per_host: usize,
+    /// `auto` (by model name), `o200k_base` or `cl100k_base`.
+    pub tokenizer: String,
 }
 
 impl Default for RawUpstream {
@@ -118,6 +121,7 @@ impl Default for RawUpstream {
             connect_retries: 1,
             pool_idle_timeout_secs: 90,
             pool_max_idle_per_host: 256,
+            tokenizer: "auto".into(),
         }
     }
 }
@@ -137,6 +141,9 @@ pub struct RawRoute {
     pub first_byte_timeout_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_timeout_ms: Option<u64>,
+    /// `auto` (by model name), `o200k_base` or `cl100k_base`; default `[upstream]`'s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -193,6 +200,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// SHA-256 of each accepted key → tenant. Empty: auth off, every request is tenant `default`.
     pub auth_keys: HashMap<[u8; 32], String>,
+    pub pipeline: PipelineConfig,
     /// The file as given plus defaults and overrides, for `check-config`.
     pub raw: RawConfig,
 }
@@ -233,6 +241,8 @@ pub struct UpstreamConfig {
     pub connect_retries: u32,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// `None`: chosen by model name.
+    pub tokenizer: Option<Encoding>,
 }
 
 #[derive(Debug, Clone)]
@@ -358,8 +368,11 @@ impl RawConfig {
             upstreams.push(upstream_config(
                 "upstream",
                 "default",
-                &defaults.base_url,
-                &defaults.api_key_env,
+                (
+                    &defaults.base_url,
+                    &defaults.api_key_env,
+                    &defaults.tokenizer,
+                ),
                 timeouts,
                 defaults,
                 read_env,
@@ -397,11 +410,11 @@ impl RawConfig {
                     .unwrap_or(defaults.first_byte_timeout_ms),
                 route.total_timeout_ms.unwrap_or(defaults.total_timeout_ms),
             );
+            let tokenizer = route.tokenizer.as_deref().unwrap_or(&defaults.tokenizer);
             upstreams.push(upstream_config(
                 &key,
                 &name,
-                &route.base_url,
-                &route.api_key_env,
+                (&route.base_url, &route.api_key_env, tokenizer),
                 timeouts,
                 defaults,
                 read_env,
@@ -430,6 +443,9 @@ impl RawConfig {
             auth_keys.insert(digest, key.tenant.clone());
         }
 
+        self.pipeline
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         Ok(Config {
             server: server_config,
             log,
@@ -437,6 +453,7 @@ impl RawConfig {
             default_upstream,
             routes,
             auth_keys,
+            pipeline: self.pipeline.clone(),
             raw: self,
         })
     }
@@ -445,8 +462,7 @@ impl RawConfig {
 fn upstream_config(
     key: &str,
     name: &str,
-    base_url: &str,
-    api_key_env: &str,
+    (base_url, api_key_env, tokenizer): (&str, &str, &str),
     (connect_ms, first_byte_ms, total_ms): (u64, u64, u64),
     defaults: &RawUpstream,
     read_env: &dyn Fn(&str) -> Option<String>,
@@ -482,8 +498,20 @@ fn upstream_config(
             }
         }
     };
+    let tokenizer = match tokenizer {
+        "auto" => None,
+        "o200k_base" => Some(Encoding::O200kBase),
+        "cl100k_base" => Some(Encoding::Cl100kBase),
+        other => {
+            return Err(ConfigError::invalid(
+                format!("{key}.tokenizer"),
+                format!("`{other}`: expected \"auto\", \"o200k_base\" or \"cl100k_base\""),
+            ));
+        }
+    };
     Ok(UpstreamConfig {
         name: name.to_owned(),
+        tokenizer,
         base_url: base_url.trim_end_matches('/').to_owned(),
         api_key,
         api_key_env: api_key_env.to_owned(),
@@ -507,47 +535,67 @@ fn to_usize(key: &str, value: u64) -> Result<usize, ConfigError> {
     usize::try_from(value).map_err(|_| ConfigError::invalid(key, "too large"))
 }
 
-/// Applies `CTXPROXY_<SECTION>_<KEY>=value`: the value is read as a TOML value when it is one
-/// (`100`, `true`, `["a","b"]`), else as a string.
+/// Applies `CTXPROXY_<SECTION>_<KEY>=value`, where SECTION may be nested
+/// (`CTXPROXY_PIPELINE_BUDGET_MAX_TOKENS` sets `[pipeline.budget] max_tokens`). The value is
+/// read as a TOML value when it is one (`100`, `true`, `["a","b"]`), else as a string.
 fn apply_env_overrides(
     table: &mut toml::Table,
     env: &HashMap<String, String>,
 ) -> Result<(), ConfigError> {
+    let schema = match toml::Value::try_from(RawConfig::default()) {
+        Ok(toml::Value::Table(schema)) => schema,
+        _ => toml::Table::new(),
+    };
     let mut vars: Vec<(&String, &String)> = env.iter().collect();
     vars.sort_unstable();
     for (var, value) in vars {
         let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        let rest = rest.to_ascii_lowercase();
-        let Some((section, key)) = ENV_SECTIONS.iter().find_map(|section| {
-            rest.strip_prefix(section)
-                .and_then(|r| r.strip_prefix('_'))
-                .filter(|key| !key.is_empty())
-                .map(|key| (*section, key))
-        }) else {
+        let mut rest = rest.to_ascii_lowercase();
+        let mut path: Vec<String> = Vec::new();
+        let mut node = &schema;
+        while let Some((name, child)) = node.iter().find_map(|(name, child)| {
+            let child = child.as_table()?;
+            let after = rest.strip_prefix(name.as_str())?.strip_prefix('_')?;
+            (!after.is_empty()).then_some((name.clone(), child))
+        }) {
+            rest = rest[name.len() + 1..].to_owned();
+            path.push(name);
+            node = child;
+        }
+        if path.is_empty() {
+            let sections: Vec<String> = schema
+                .iter()
+                .filter(|(_, v)| v.is_table())
+                .map(|(k, _)| k.to_uppercase())
+                .collect();
             return Err(ConfigError::Env {
                 var: var.clone(),
                 message: format!(
                     "expected CTXPROXY_<SECTION>_<KEY> with SECTION one of {}",
-                    ENV_SECTIONS.join(", ").to_uppercase()
+                    sections.join(", ")
                 ),
             });
-        };
+        }
         let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.clone()));
-        let entry = table
-            .entry(section)
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        let toml::Value::Table(section_table) = entry else {
-            return Err(ConfigError::Env {
-                var: var.clone(),
-                message: format!("[{section}] is not a table in the config file"),
-            });
-        };
-        section_table.insert(key.to_owned(), parsed);
+        let mut target = &mut *table;
+        for name in &path {
+            let entry = target
+                .entry(name.as_str())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(inner) = entry else {
+                return Err(ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("[{}] is not a table in the config file", path.join(".")),
+                });
+            };
+            target = inner;
+        }
+        target.insert(rest, parsed);
     }
     Ok(())
 }
@@ -613,22 +661,6 @@ mod tests {
     }
 
     #[test]
-    fn env_sections_match_the_config_sections() {
-        let value = toml::Value::try_from(RawConfig::default()).unwrap();
-        let mut tables: Vec<&str> = value
-            .as_table()
-            .unwrap()
-            .iter()
-            .filter(|(_, v)| v.is_table())
-            .map(|(k, _)| k.as_str())
-            .collect();
-        tables.sort_unstable();
-        let mut sections = ENV_SECTIONS.to_vec();
-        sections.sort_unstable();
-        assert_eq!(tables, sections);
-    }
-
-    #[test]
     fn env_overrides_values_with_types() {
         let env = vec![
             (
@@ -640,10 +672,17 @@ mod tests {
                 "7".to_owned(),
             ),
             ("PATH".to_owned(), "/bin".to_owned()),
+            (
+                "CTXPROXY_PIPELINE_BUDGET_MAX_TOKENS".to_owned(),
+                "3000".to_owned(),
+            ),
+            ("CTXPROXY_PIPELINE_MODE".to_owned(), "observe".to_owned()),
         ];
         let config = Config::from_toml("[server]\nconcurrency_limit = 3\n", env).unwrap();
         assert_eq!(config.upstreams[0].base_url, "http://127.0.0.1:9000/v1");
         assert_eq!(config.server.concurrency_limit, 7);
+        assert_eq!(config.pipeline.budget.max_tokens, 3000);
+        assert_eq!(config.pipeline.mode, crate::pipeline::Mode::Observe);
     }
 
     #[test]

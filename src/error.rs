@@ -21,6 +21,19 @@ pub enum ProxyError {
     InvalidField { field: String, message: String },
     #[error("Invalid request body: {0}")]
     InvalidBody(String),
+    #[error("Invalid header {header}: {message}")]
+    InvalidHeader {
+        header: &'static str,
+        message: String,
+    },
+    #[error(
+        "The request needs {tokens_after} prompt tokens after every reduction (it had {tokens_before}), over the budget of {budget}. Shorten the conversation or the tool definitions, or raise the budget (X-Ctxproxy-Budget)."
+    )]
+    ContextBudgetExceeded {
+        budget: usize,
+        tokens_before: usize,
+        tokens_after: usize,
+    },
     #[error("The request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("Unknown route: {method} {path}")]
@@ -50,7 +63,9 @@ impl ProxyError {
         match self {
             ProxyError::MalformedJson { .. }
             | ProxyError::InvalidField { .. }
-            | ProxyError::InvalidBody(_) => StatusCode::BAD_REQUEST,
+            | ProxyError::InvalidBody(_)
+            | ProxyError::InvalidHeader { .. }
+            | ProxyError::ContextBudgetExceeded { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RouteNotFound { .. } | ProxyError::ModelNotRouted { .. } => {
                 StatusCode::NOT_FOUND
@@ -82,6 +97,8 @@ impl ProxyError {
             ProxyError::MalformedJson { .. } => "invalid_json",
             ProxyError::InvalidField { .. } => "invalid_value",
             ProxyError::InvalidBody(_) => "invalid_body",
+            ProxyError::InvalidHeader { .. } => "invalid_header",
+            ProxyError::ContextBudgetExceeded { .. } => "context_budget_exceeded",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
             ProxyError::RouteNotFound { .. } => "unknown_url",
             ProxyError::ModelNotRouted { .. } => "model_not_found",
@@ -98,6 +115,8 @@ impl ProxyError {
         match self {
             ProxyError::InvalidField { field, .. } => Some(field.clone()),
             ProxyError::ModelNotRouted { .. } => Some("model".to_owned()),
+            ProxyError::InvalidHeader { header, .. } => Some((*header).to_owned()),
+            ProxyError::ContextBudgetExceeded { .. } => Some("messages".to_owned()),
             _ => None,
         }
     }

@@ -2,6 +2,7 @@
 //! making answers worse. See DESIGN.md in the repository for the request flow.
 #![forbid(unsafe_code)]
 
+pub mod analyze; // `ctxproxy analyze`: the pipeline over recorded requests
 pub mod auth; // proxy keys → tenants
 pub mod body; // response body adapters (end observation, deadlines, SSE framing)
 pub mod config; // typed config, env overrides, validation
@@ -9,6 +10,8 @@ pub mod error; // ProxyError → OpenAI-format responses
 pub mod metrics; // every Prometheus metric
 pub mod mock_upstream; // the fake OpenAI model for tests and load runs
 pub mod openai; // lossless wire types and SSE parsing
+pub mod pipeline; // the rewriting stages (pure)
 pub mod server; // routes, middleware, handlers, shutdown
 pub mod telemetry; // tracing setup
+pub mod tokens; // BPE token counting (o200k/cl100k) with a per-message cache
 pub mod upstream; // upstream clients, routing, timeouts, header policy

@@ -38,6 +38,16 @@ enum Command {
         #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
         config: PathBuf,
     },
+    /// Run the pipeline over recorded requests (JSONL) and report the savings per stage.
+    Analyze {
+        /// One request body, or one `{"request": …}` object, per line.
+        file: PathBuf,
+        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
+        config: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a fake OpenAI-compatible model (for tests, demos and load runs).
     MockUpstream {
         #[arg(long, default_value = "127.0.0.1:9000")]
@@ -73,6 +83,37 @@ fn main() -> ExitCode {
                 loaded.server.listen = listen;
             }
             run_async(serve(loaded))
+        }
+        Command::Analyze { file, config, json } => {
+            let loaded = match Config::load(&config) {
+                Ok(loaded) => loaded,
+                Err(e) => return config_error(&config, &e),
+            };
+            let reader = match std::fs::File::open(&file) {
+                Ok(f) => std::io::BufReader::new(f),
+                Err(e) => {
+                    eprintln!("cannot read {}: {e}", file.display());
+                    return ExitCode::FAILURE;
+                }
+            };
+            let tokenizers = ctxproxy::tokens::Tokenizers::default();
+            match ctxproxy::analyze::analyze(reader, &loaded, &tokenizers) {
+                Ok(analysis) if json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&analysis).unwrap_or_default()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(analysis) => {
+                    print!("{}", analysis.render());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("cannot read {}: {e}", file.display());
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::MockUpstream {
             listen,

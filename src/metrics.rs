@@ -2,8 +2,8 @@
 //! down (no global statics). Label values come only from closed sets or configured names.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Request and upstream latency buckets, in seconds: from 100 µs to 5 min.
@@ -22,7 +22,19 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub in_flight: IntGauge,
     pub build_info: IntGaugeVec,
+    /// `phase` ∈ original, sent.
+    pub prompt_tokens: IntCounterVec,
+    /// `stage` ∈ the pipeline's stage names.
+    pub tokens_saved: IntCounterVec,
+    pub pipeline_duration: Histogram,
+    /// `outcome` ∈ fit, rejected, forwarded.
+    pub budget_outcomes: IntCounterVec,
 }
+
+/// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
+const PIPELINE_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+];
 
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
@@ -71,6 +83,34 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let prompt_tokens = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_prompt_tokens_total",
+                "Prompt tokens of chat requests as received (phase=original) and as sent upstream (phase=sent).",
+            ),
+            &["phase"],
+        )?;
+        let tokens_saved = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_tokens_saved_total",
+                "Prompt tokens removed by each pipeline stage on requests sent optimized.",
+            ),
+            &["stage"],
+        )?;
+        let pipeline_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "ctxproxy_pipeline_duration_seconds",
+                "Time spent rewriting a chat request (the proxy's own overhead on the request path).",
+            )
+            .buckets(PIPELINE_BUCKETS.to_vec()),
+        )?;
+        let budget_outcomes = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_budget_outcomes_total",
+                "Token budget outcomes: fit (within budget), rejected (400), forwarded (over budget, sent anyway).",
+            ),
+            &["outcome"],
+        )?;
 
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(request_duration.clone()))?;
@@ -78,7 +118,15 @@ impl Metrics {
         registry.register(Box::new(upstream_errors.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(build_info.clone()))?;
+        registry.register(Box::new(prompt_tokens.clone()))?;
+        registry.register(Box::new(tokens_saved.clone()))?;
+        registry.register(Box::new(pipeline_duration.clone()))?;
+        registry.register(Box::new(budget_outcomes.clone()))?;
         Ok(Metrics {
+            prompt_tokens,
+            tokens_saved,
+            pipeline_duration,
+            budget_outcomes,
             registry,
             requests,
             request_duration,

@@ -6,7 +6,7 @@
 //! re-tokenized on every turn. The cache is a memo: it never changes a result.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Mutex;
 
 use bpe_openai::Tokenizer;
@@ -26,8 +26,13 @@ const IMAGE_HIGH_DETAIL: usize = 85 + 170;
 /// Framing of each tool definition and of the tool list (OpenAI's published approximation).
 const TOKENS_PER_TOOL: usize = 7;
 const TOOLS_FRAMING: usize = 12;
-/// Entries kept in the per-message cache before it is cleared.
+/// Entries kept in the count cache before it is cleared.
 const CACHE_CAPACITY: usize = 100_000;
+/// Texts at least this long have their counts cached (shorter ones are cheaper to count).
+const LONG_TEXT_BYTES: usize = 512;
+/// Seeds that keep message keys and text keys apart in the one cache.
+const MESSAGE_SEED: u64 = 0x6d65_7373_6167_6573;
+const TEXT_SEED: u64 = 0x7465_7874_7465_7874;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,18 +45,57 @@ impl Encoding {
     /// o200k_base for gpt-4o, gpt-4.1, o-series, gpt-5 and unknown models; cl100k_base for
     /// gpt-4 (non-o), gpt-3.5 and the ada/3-series embeddings.
     pub fn for_model(model: &str) -> Encoding {
-        let model = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+        let model = model
+            .rsplit('/')
+            .next()
+            .unwrap_or(model)
+            .to_ascii_lowercase();
         let cl100k = model == "gpt-4"
-            || ["gpt-4-", "gpt-3.5", "gpt-35", "text-embedding-3", "text-embedding-ada"]
-                .iter()
-                .any(|prefix| model.starts_with(prefix));
-        if cl100k { Encoding::Cl100kBase } else { Encoding::O200kBase }
+            || [
+                "gpt-4-",
+                "gpt-3.5",
+                "gpt-35",
+                "text-embedding-3",
+                "text-embedding-ada",
+            ]
+            .iter()
+            .any(|prefix| model.starts_with(prefix));
+        if cl100k {
+            Encoding::Cl100kBase
+        } else {
+            Encoding::O200kBase
+        }
     }
 
     fn tokenizer(self) -> &'static Tokenizer {
         match self {
             Encoding::O200kBase => bpe_openai::o200k_base(),
             Encoding::Cl100kBase => bpe_openai::cl100k_base(),
+        }
+    }
+}
+
+/// One counter per encoding, shared by all requests.
+pub struct Tokenizers {
+    o200k: TokenCounter,
+    cl100k: TokenCounter,
+}
+
+impl Default for Tokenizers {
+    fn default() -> Self {
+        Tokenizers {
+            o200k: TokenCounter::new(Encoding::O200kBase),
+            cl100k: TokenCounter::new(Encoding::Cl100kBase),
+        }
+    }
+}
+
+impl Tokenizers {
+    /// The counter for a model, unless the route forces an encoding.
+    pub fn for_model(&self, model: &str, forced: Option<Encoding>) -> &TokenCounter {
+        match forced.unwrap_or_else(|| Encoding::for_model(model)) {
+            Encoding::O200kBase => &self.o200k,
+            Encoding::Cl100kBase => &self.cl100k,
         }
     }
 }
@@ -78,12 +122,19 @@ impl TokenCounter {
         if text.is_empty() {
             return 0;
         }
-        self.encoding.tokenizer().count(text)
+        if text.len() < LONG_TEXT_BYTES {
+            return self.encoding.tokenizer().count(text);
+        }
+        let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
+        self.encoding.hash(&mut hasher);
+        text.hash(&mut hasher);
+        self.cached(hasher.finish(), || self.encoding.tokenizer().count(text))
     }
 
     /// The tokens of a whole request: messages, reply priming and tool definitions.
     pub fn request(&self, request: &ChatRequest) -> usize {
-        self.messages(&request.messages) + self.tools(request.tools.get().map_or(&[], Vec::as_slice))
+        self.messages(&request.messages)
+            + self.tools(request.tools.get().map_or(&[], Vec::as_slice))
     }
 
     pub fn messages(&self, messages: &[Message]) -> usize {
@@ -92,19 +143,22 @@ impl TokenCounter {
 
     pub fn message(&self, message: &Message) -> usize {
         let key = self.message_key(message);
-        if let Ok(cache) = self.cache.lock() {
-            if let Some(&count) = cache.get(&key) {
-                return count;
-            }
+        self.cached(key, || self.count_message(message))
+    }
+
+    /// The count for `key`, computed by `count` on a miss.
+    fn cached(&self, key: u64, count: impl FnOnce() -> usize) -> usize {
+        if let Some(&hit) = self.cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return hit;
         }
-        let count = self.count_message(message);
+        let value = count();
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= CACHE_CAPACITY {
                 cache.clear();
             }
-            cache.insert(key, count);
+            cache.insert(key, value);
         }
-        count
+        value
     }
 
     fn count_message(&self, message: &Message) -> usize {
@@ -127,7 +181,9 @@ impl TokenCounter {
             None => {}
         }
         for call in message.tool_calls() {
-            count += TOKENS_PER_MESSAGE + self.text(&call.function.name) + self.text(&call.function.arguments);
+            count += TOKENS_PER_MESSAGE
+                + self.text(&call.function.name)
+                + self.text(&call.function.arguments);
         }
         if let Some(id) = message.tool_call_id.get() {
             count += self.text(id);
@@ -145,7 +201,8 @@ impl TokenCounter {
 
     pub fn tool(&self, tool: &Tool) -> usize {
         let Some(function) = &tool.function else {
-            return TOKENS_PER_TOOL + self.text(&serde_json::to_string(&tool.extra).unwrap_or_default());
+            return TOKENS_PER_TOOL
+                + self.text(&serde_json::to_string(&tool.extra).unwrap_or_default());
         };
         let parameters = function
             .parameters
@@ -159,7 +216,7 @@ impl TokenCounter {
     }
 
     fn message_key(&self, message: &Message) -> u64 {
-        let mut hasher = std::hash::DefaultHasher::new();
+        let mut hasher = foldhash::quality::FixedState::with_seed(MESSAGE_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
         message.role.as_str().hash(&mut hasher);
         message.name.get().hash(&mut hasher);
@@ -174,7 +231,9 @@ impl TokenCounter {
                     part.kind.hash(&mut hasher);
                     part.text.get().hash(&mut hasher);
                     if part.text.get().is_none() {
-                        serde_json::to_string(&part.extra).unwrap_or_default().hash(&mut hasher);
+                        serde_json::to_string(&part.extra)
+                            .unwrap_or_default()
+                            .hash(&mut hasher);
                     }
                 }
             }
@@ -194,5 +253,93 @@ fn image_tokens(extra: &crate::openai::Extra) -> usize {
         .get("image_url")
         .and_then(|i| i.get("detail"))
         .and_then(|d| d.as_str());
-    if detail == Some("high") { IMAGE_HIGH_DETAIL } else { IMAGE_LOW_DETAIL }
+    if detail == Some("high") {
+        IMAGE_HIGH_DETAIL
+    } else {
+        IMAGE_LOW_DETAIL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(value: serde_json::Value) -> ChatRequest {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn encodings_by_model() {
+        assert_eq!(Encoding::for_model("gpt-4o-mini"), Encoding::O200kBase);
+        assert_eq!(Encoding::for_model("gpt-4.1"), Encoding::O200kBase);
+        assert_eq!(Encoding::for_model("o3-mini"), Encoding::O200kBase);
+        assert_eq!(Encoding::for_model("gpt-5"), Encoding::O200kBase);
+        assert_eq!(Encoding::for_model("gpt-4"), Encoding::Cl100kBase);
+        assert_eq!(Encoding::for_model("gpt-4-turbo"), Encoding::Cl100kBase);
+        assert_eq!(Encoding::for_model("gpt-3.5-turbo"), Encoding::Cl100kBase);
+        assert_eq!(
+            Encoding::for_model("openai/gpt-4-0613"),
+            Encoding::Cl100kBase
+        );
+        assert_eq!(Encoding::for_model("llama-3.1-8b"), Encoding::O200kBase);
+    }
+
+    #[test]
+    fn real_bpe_counts() {
+        let o200k = TokenCounter::new(Encoding::O200kBase);
+        let cl100k = TokenCounter::new(Encoding::Cl100kBase);
+        // Values from OpenAI's tiktoken.
+        assert_eq!(o200k.text("hello world"), 2);
+        assert_eq!(cl100k.text("hello world"), 2);
+        assert_eq!(cl100k.text("tiktoken is great!"), 6);
+        assert_eq!(o200k.text(""), 0);
+    }
+
+    #[test]
+    fn chat_counts_follow_openai_billing() {
+        let counter = TokenCounter::new(Encoding::Cl100kBase);
+        let one = request(
+            json!({"model": "gpt-4", "messages": [{"role": "user", "content": "hello world"}]}),
+        );
+        // 3 per message + "user" (1) + "hello world" (2) + 3 reply priming.
+        assert_eq!(counter.request(&one), 3 + 1 + 2 + 3);
+        let named = request(
+            json!({"model": "gpt-4", "messages": [{"role": "user", "name": "bob", "content": "hello world"}]}),
+        );
+        assert_eq!(counter.request(&named), 9 + counter.text("bob") + 1);
+        let parts = request(
+            json!({"model": "gpt-4", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hello world"}, {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+        );
+        assert_eq!(counter.request(&parts), 9 + IMAGE_LOW_DETAIL);
+    }
+
+    #[test]
+    fn tool_calls_and_definitions_count() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let plain =
+            request(json!({"model": "m", "messages": [{"role": "assistant", "content": null}]}));
+        let with_call = request(
+            json!({"model": "m", "messages": [{"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}]}),
+        );
+        assert!(counter.request(&with_call) > counter.request(&plain) + 5);
+        let tools = request(
+            json!({"model": "m", "messages": [], "tools": [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object"}}}]}),
+        );
+        assert!(counter.request(&tools) > TOOLS_FRAMING + TOKENS_PER_TOOL);
+    }
+
+    #[test]
+    fn cached_counts_equal_fresh_counts() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let message: Message =
+            serde_json::from_value(json!({"role": "user", "content": "The same text, twice."}))
+                .unwrap();
+        let first = counter.message(&message);
+        assert_eq!(counter.message(&message), first);
+        assert_eq!(counter.count_message(&message), first);
+    }
 }

@@ -1,16 +1,28 @@
-//! `POST /v1/chat/completions`: the request flow of DESIGN.md, in order. Today: parse → route →
-//! upstream → relay; the pipeline, caches and state plug in here.
+//! `POST /v1/chat/completions`: the request flow of DESIGN.md, in order — parse → route →
+//! pipeline (rewrite, budget) → upstream → relay. Caches and conversation state plug in here.
+//! Also `POST /v1/ctxproxy/explain`: the same rewrite, returned instead of sent.
+
+use std::time::Instant;
 
 use axum::Extension;
+use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{Value, json};
 
 use super::{RequestContext, SharedState, read_body};
 use crate::error::ProxyError;
 use crate::openai::ChatRequest;
-use crate::upstream::{OutgoingBody, apply_upstream_auth, end_to_end};
+use crate::pipeline::{self, Mode, OnExceed, Rewrite};
+use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end};
+
+const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
+const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
+const X_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-before");
+const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-after");
 
 pub async fn chat_completions(
     State(state): State<SharedState>,
@@ -20,19 +32,55 @@ pub async fn chat_completions(
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let chat = ChatRequest::parse(&bytes)?;
+    let upstream = route(&state, &chat.model)?;
+    let mode = mode_of(&parts.headers, state.config.pipeline.mode)?;
 
-    let upstream = state
-        .config
-        .upstream_for_model(&chat.model)
-        .and_then(|index| state.upstreams.get(index))
-        .ok_or_else(|| ProxyError::ModelNotRouted {
-            model: chat.model.clone(),
-        })?;
+    let (body, counts) = match mode {
+        Mode::Off => (bytes, None),
+        Mode::Observe | Mode::Optimize => {
+            let rewrite = rewrite(&state, &chat, upstream, &parts.headers)?;
+            let report = &rewrite.report;
+            let over_budget = state.config.pipeline.budget.enabled && !report.fits;
+            if mode == Mode::Optimize {
+                record_savings(&state, &rewrite);
+                if over_budget && state.config.pipeline.budget.on_exceed == OnExceed::Reject {
+                    state
+                        .metrics
+                        .budget_outcomes
+                        .with_label_values(&["rejected"])
+                        .inc();
+                    return Err(ProxyError::ContextBudgetExceeded {
+                        budget: report.budget,
+                        tokens_before: report.tokens_before,
+                        tokens_after: report.tokens_after,
+                    });
+                }
+                let outcome = if over_budget { "forwarded" } else { "fit" };
+                state
+                    .metrics
+                    .budget_outcomes
+                    .with_label_values(&[outcome])
+                    .inc();
+            }
+            let counts = (report.tokens_before, report.tokens_after);
+            match (mode, rewrite.changed()) {
+                (Mode::Optimize, true) => {
+                    let rewritten = serde_json::to_vec(&rewrite.request)
+                        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+                    (Bytes::from(rewritten), Some(counts))
+                }
+                // Nothing changed, or observe mode: the client's own bytes go upstream.
+                _ => (bytes, Some(counts)),
+            }
+        }
+    };
 
     let mut headers = end_to_end(&parts.headers);
     headers.remove(header::CONTENT_LENGTH);
     // Responses are read by later stages (usage, caches): ask for them uncompressed.
     headers.remove(header::ACCEPT_ENCODING);
+    headers.remove(X_CTXPROXY_MODE);
+    headers.remove(X_CTXPROXY_BUDGET);
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -44,15 +92,130 @@ pub async fn chat_completions(
         None => "/chat/completions".to_owned(),
     };
     let uri = upstream.uri(&suffix)?;
-    // Nothing rewrites the request yet: the client's own bytes go upstream.
     let answer = upstream
         .send(
             Method::POST,
             uri,
             headers,
-            OutgoingBody::Buffered(bytes),
+            OutgoingBody::Buffered(body),
             &state.metrics,
         )
         .await?;
-    Ok(upstream.relay(answer, &state.metrics))
+    let mut response = upstream.relay(answer, &state.metrics);
+    if let Some((before, after)) = counts {
+        let headers = response.headers_mut();
+        headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
+        headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
+    }
+    Ok(response)
+}
+
+/// `POST /v1/ctxproxy/explain`: the rewritten request exactly as it would be sent, with the
+/// report of every stage. The upstream is not called.
+pub async fn explain(
+    State(state): State<SharedState>,
+    Extension(_context): Extension<RequestContext>,
+    request: Request,
+) -> Result<Json<Value>, ProxyError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let chat = ChatRequest::parse(&bytes)?;
+    let upstream = route(&state, &chat.model)?;
+    let rewrite = rewrite(&state, &chat, upstream, &parts.headers)?;
+    let sent = if rewrite.changed() {
+        serde_json::to_value(&rewrite.request)
+    } else {
+        serde_json::from_slice(&bytes)
+    }
+    .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let report = rewrite.report;
+    Ok(Json(json!({
+        "request": sent,
+        "tokens_before": report.tokens_before,
+        "tokens_after": report.tokens_after,
+        "budget": report.budget,
+        "fits": report.fits,
+        "stages": report.stages,
+    })))
+}
+
+fn route<'a>(state: &'a SharedState, model: &str) -> Result<&'a Upstream, ProxyError> {
+    state
+        .config
+        .upstream_for_model(model)
+        .and_then(|index| state.upstreams.get(index))
+        .ok_or_else(|| ProxyError::ModelNotRouted {
+            model: model.to_owned(),
+        })
+}
+
+fn mode_of(headers: &HeaderMap, default: Mode) -> Result<Mode, ProxyError> {
+    match headers.get(X_CTXPROXY_MODE) {
+        None => Ok(default),
+        Some(value) => {
+            value
+                .to_str()
+                .ok()
+                .and_then(Mode::parse)
+                .ok_or_else(|| ProxyError::InvalidHeader {
+                    header: "X-Ctxproxy-Mode",
+                    message: "expected off, observe or optimize".into(),
+                })
+        }
+    }
+}
+
+fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
+    match headers.get(X_CTXPROXY_BUDGET) {
+        None => Ok(default),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&b| b > 0)
+            .ok_or_else(|| ProxyError::InvalidHeader {
+                header: "X-Ctxproxy-Budget",
+                message: "expected a positive number of tokens".into(),
+            }),
+    }
+}
+
+/// Runs the pipeline, timing it.
+fn rewrite(
+    state: &SharedState,
+    chat: &ChatRequest,
+    upstream: &Upstream,
+    headers: &HeaderMap,
+) -> Result<Rewrite, ProxyError> {
+    let config = &state.config.pipeline;
+    let budget = budget_of(headers, config.budget.max_tokens)?;
+    let counter = state
+        .tokenizers
+        .for_model(&chat.model, upstream.config.tokenizer);
+    let started = Instant::now();
+    let rewrite = pipeline::run(chat, config, counter, budget);
+    state
+        .metrics
+        .pipeline_duration
+        .observe(started.elapsed().as_secs_f64());
+    Ok(rewrite)
+}
+
+fn record_savings(state: &SharedState, rewrite: &Rewrite) {
+    let metrics = &state.metrics;
+    let report = &rewrite.report;
+    metrics
+        .prompt_tokens
+        .with_label_values(&["original"])
+        .inc_by(report.tokens_before as u64);
+    metrics
+        .prompt_tokens
+        .with_label_values(&["sent"])
+        .inc_by(report.tokens_after as u64);
+    for stage in report.stages.iter().filter(|s| s.applied) {
+        metrics
+            .tokens_saved
+            .with_label_values(&[stage.stage])
+            .inc_by((stage.tokens_before - stage.tokens_after) as u64);
+    }
 }

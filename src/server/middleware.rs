@@ -28,6 +28,7 @@ pub struct RequestContext {
 fn route_label(method: &Method, path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" if method == Method::POST => "chat_completions",
+        "/v1/ctxproxy/explain" if method == Method::POST => "explain",
         "/healthz" => "healthz",
         "/readyz" => "readyz",
         "/metrics" => "metrics",
@@ -52,14 +53,15 @@ pub async fn observe(
 
     let metrics = &state.metrics;
     metrics.in_flight.inc();
-    let (mut response, permit, tenant) = if matches!(route, "passthrough" | "chat_completions") {
-        match admit(&state, &mut request, &request_id).await {
-            Ok((permit, tenant)) => (next.run(request).await, Some(permit), Some(tenant)),
-            Err(e) => (e.into_response(), None, None),
-        }
-    } else {
-        (next.run(request).await, None, None)
-    };
+    let (mut response, permit, tenant) =
+        if matches!(route, "passthrough" | "chat_completions" | "explain") {
+            match admit(&state, &mut request, &request_id).await {
+                Ok((permit, tenant)) => (next.run(request).await, Some(permit), Some(tenant)),
+                Err(e) => (e.into_response(), None, None),
+            }
+        } else {
+            (next.run(request).await, None, None)
+        };
 
     let status = response.status();
     metrics

@@ -27,6 +27,7 @@ pub use middleware::RequestContext;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::tokens::Tokenizers;
 use crate::upstream::Upstreams;
 
 /// Everything a request handler can read. Built once at start.
@@ -34,6 +35,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub upstreams: Upstreams,
     pub metrics: Metrics,
+    pub tokenizers: Tokenizers,
     limiter: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
@@ -57,6 +59,7 @@ impl AppState {
             config: Arc::new(config),
             upstreams,
             metrics,
+            tokenizers: Tokenizers::default(),
             shutting_down: AtomicBool::new(false),
         }))
     }
@@ -76,6 +79,7 @@ pub fn router(state: SharedState) -> Router {
             "/v1/chat/completions",
             post(chat::chat_completions).fallback(passthrough::forward),
         )
+        .route("/v1/ctxproxy/explain", post(chat::explain))
         .route("/v1/{*rest}", any(passthrough::forward))
         .fallback(ops::not_found)
         .layer(axum::middleware::from_fn_with_state(

@@ -1,0 +1,198 @@
+//! `ctxproxy analyze FILE.jsonl`: runs the pipeline over recorded requests (one request body,
+//! or one `{"request": …}` object, per line) and reports what each stage saves, in total and
+//! per request, with the pipeline's own time. No upstream is called.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::openai::ChatRequest;
+use crate::pipeline;
+use crate::tokens::Tokenizers;
+
+#[derive(Debug, Default, Serialize)]
+pub struct StageTotals {
+    pub tokens_saved: u64,
+    pub applied: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Analysis {
+    pub requests: u64,
+    pub skipped_lines: u64,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// Tokens of the history: every message except the leading system/developer prompt.
+    pub history_tokens_before: u64,
+    pub history_tokens_after: u64,
+    pub over_budget: u64,
+    pub stages: BTreeMap<String, StageTotals>,
+    pub pipeline_micros: Percentiles,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    pub fn of(mut samples: Vec<f64>) -> Percentiles {
+        if samples.is_empty() {
+            return Percentiles::default();
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Percentiles {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            max: at(1.0),
+        }
+    }
+}
+
+fn request_of(line: &str) -> Option<ChatRequest> {
+    let value: Value = serde_json::from_str(line).ok()?;
+    let body = match value.get("request") {
+        Some(inner) if inner.is_object() => inner.clone(),
+        _ => value,
+    };
+    serde_json::from_value(body).ok()
+}
+
+/// Tokens of the messages after the leading system/developer ones.
+fn history_tokens(request: &ChatRequest, tokenizers: &Tokenizers) -> u64 {
+    let counter = tokenizers.for_model(&request.model, None);
+    let skip = request
+        .messages
+        .iter()
+        .take_while(|m| {
+            matches!(
+                m.role,
+                crate::openai::Role::System | crate::openai::Role::Developer
+            )
+        })
+        .count();
+    request.messages[skip..]
+        .iter()
+        .map(|m| counter.message(m) as u64)
+        .sum()
+}
+
+pub fn analyze(
+    reader: impl BufRead,
+    config: &Config,
+    tokenizers: &Tokenizers,
+) -> std::io::Result<Analysis> {
+    let mut analysis = Analysis::default();
+    let mut micros = Vec::new();
+    for line in reader.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some(request) = request_of(&line) else {
+            analysis.skipped_lines += 1;
+            continue;
+        };
+        let counter = tokenizers.for_model(&request.model, None);
+        let started = Instant::now();
+        let rewrite = pipeline::run(
+            &request,
+            &config.pipeline,
+            counter,
+            config.pipeline.budget.max_tokens,
+        );
+        micros.push(started.elapsed().as_secs_f64() * 1e6);
+        let report = &rewrite.report;
+        analysis.requests += 1;
+        analysis.tokens_before += report.tokens_before as u64;
+        analysis.tokens_after += report.tokens_after as u64;
+        // History after the rewrite excludes the proxy's summary/facts sections in the system
+        // message; count them by the system message's growth.
+        let system_growth = system_tokens(&rewrite.request, tokenizers)
+            .saturating_sub(system_tokens(&request, tokenizers));
+        analysis.history_tokens_before += history_tokens(&request, tokenizers);
+        analysis.history_tokens_after +=
+            history_tokens(&rewrite.request, tokenizers) + system_growth;
+        if !report.fits {
+            analysis.over_budget += 1;
+        }
+        for stage in &report.stages {
+            let totals = analysis.stages.entry(stage.stage.to_owned()).or_default();
+            totals.tokens_saved += (stage.tokens_before - stage.tokens_after) as u64;
+            totals.applied += u64::from(stage.applied);
+        }
+    }
+    analysis.pipeline_micros = Percentiles::of(micros);
+    Ok(analysis)
+}
+
+fn system_tokens(request: &ChatRequest, tokenizers: &Tokenizers) -> u64 {
+    let counter = tokenizers.for_model(&request.model, None);
+    request
+        .messages
+        .iter()
+        .take_while(|m| {
+            matches!(
+                m.role,
+                crate::openai::Role::System | crate::openai::Role::Developer
+            )
+        })
+        .map(|m| counter.message(m) as u64)
+        .sum()
+}
+
+fn percent(before: u64, after: u64) -> f64 {
+    if before == 0 {
+        0.0
+    } else {
+        100.0 * (before as f64 - after as f64) / before as f64
+    }
+}
+
+impl Analysis {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "requests: {} (skipped lines: {})\n",
+            self.requests, self.skipped_lines
+        ));
+        out.push_str(&format!(
+            "prompt tokens: {} → {} ({:.1}% saved)\n",
+            self.tokens_before,
+            self.tokens_after,
+            percent(self.tokens_before, self.tokens_after)
+        ));
+        out.push_str(&format!(
+            "history tokens (all but the client's system prompt): {} → {} ({:.1}% saved)\n",
+            self.history_tokens_before,
+            self.history_tokens_after,
+            percent(self.history_tokens_before, self.history_tokens_after)
+        ));
+        out.push_str(&format!(
+            "over budget after every step: {}\n",
+            self.over_budget
+        ));
+        out.push_str("stage        tokens saved   applied\n");
+        for (name, totals) in &self.stages {
+            out.push_str(&format!(
+                "{name:<12} {:>12}   {:>7}\n",
+                totals.tokens_saved, totals.applied
+            ));
+        }
+        let p = &self.pipeline_micros;
+        out.push_str(&format!(
+            "pipeline time (µs): p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}\n",
+            p.p50, p.p90, p.p99, p.max
+        ));
+        out
+    }
+}

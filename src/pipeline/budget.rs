@@ -1,0 +1,159 @@
+//! `budget`: holds a request to its token budget (default 4,000; seed 002 §2.1, §4.1 step 5).
+//! When the other stages leave it too large, they run again with tighter settings, one step at
+//! a time, in this order, until it fits: fewer summary segments, a smaller window (down to 4
+//! turns, then to the current turn), all but the last tool result cleared, harder compaction,
+//! shorter tool-parameter descriptions. What happens when it still does not fit is the
+//! caller's policy (`reject` or `forward`).
+
+use serde_json::{Value, json};
+
+use super::{Params, PipelineConfig, StageReport};
+use crate::openai::ChatRequest;
+use crate::tokens::TokenCounter;
+
+type Step = (&'static str, fn(&mut Params, &PipelineConfig));
+
+const STEPS: &[Step] = &[
+    ("fewer_summary_segments", |p, _| {
+        p.max_segments = p.max_segments.min(2)
+    }),
+    ("no_summary_segments", |p, _| p.max_segments = 0),
+    ("window_min_turns", |p, c| {
+        p.window_turns_cap = Some(c.window.min_turns)
+    }),
+    ("window_current_turn", |p, _| p.window_turns_cap = Some(1)),
+    ("clear_all_but_last_tool_result", |p, _| {
+        p.keep_recent_results = p.keep_recent_results.min(1)
+    }),
+    ("harder_compaction", |p, _| {
+        p.tool_result_max_tokens = (p.tool_result_max_tokens / 4).max(100);
+        p.max_string_chars = p.max_string_chars.min(100);
+    }),
+    ("short_tool_descriptions", |p, _| {
+        p.shorten_tool_descriptions = true
+    }),
+];
+
+/// Characters kept of a tool or parameter description when shortening them.
+const SHORT_DESCRIPTION_CHARS: usize = 80;
+
+/// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the
+/// first (least reduced) step that fits. Each step only reduces more than the one before, so
+/// the tightest is tried first (when even it does not fit, it is the best effort) and the first
+/// fitting step is found by bisection: at most 1 + log2(7) re-runs.
+pub fn fit(
+    original: &ChatRequest,
+    config: &PipelineConfig,
+    counter: &TokenCounter,
+    budget: usize,
+    tokens_before: usize,
+    rerun: &dyn Fn(&Params) -> ChatRequest,
+) -> (ChatRequest, StageReport) {
+    let attempt = |steps: usize| {
+        let mut params = Params::from_config(config);
+        for (_, tighten) in &STEPS[..steps] {
+            tighten(&mut params, config);
+        }
+        let mut candidate = rerun(&params);
+        if params.shorten_tool_descriptions {
+            shorten_tool_descriptions(&mut candidate);
+        }
+        let tokens = counter.request(&candidate);
+        (candidate, tokens)
+    };
+    let mut best = (STEPS.len(), attempt(STEPS.len()));
+    if best.1.1 <= budget {
+        let (mut low, mut high) = (1, STEPS.len());
+        while low < high {
+            let middle = (low + high) / 2;
+            let result = attempt(middle);
+            if result.1 <= budget {
+                high = middle;
+                best = (middle, result);
+            } else {
+                low = middle + 1;
+            }
+        }
+    }
+    let (steps, (request, tokens)) = best;
+    let (request, tokens_after) = if tokens < tokens_before {
+        (request, tokens)
+    } else {
+        (original.clone(), tokens_before)
+    };
+    let names: Vec<&str> = STEPS[..steps].iter().map(|(name, _)| *name).collect();
+    let report = StageReport {
+        stage: "budget",
+        tokens_before,
+        tokens_after,
+        applied: tokens_after < tokens_before,
+        details: json!({"budget": budget, "steps": names, "fits": tokens_after <= budget}),
+    };
+    (request, report)
+}
+
+/// Cuts every tool description, and every parameter description in its schema, to its first
+/// sentence (at most `SHORT_DESCRIPTION_CHARS`).
+fn shorten_tool_descriptions(request: &mut ChatRequest) {
+    let Some(tools) = request.tools.get_mut() else {
+        return;
+    };
+    for function in tools.iter_mut().filter_map(|t| t.function.as_mut()) {
+        if let Some(description) = function.description.get_mut() {
+            *description = shorten(description);
+        }
+        if let Some(parameters) = function.parameters.get_mut() {
+            shorten_schema(parameters);
+        }
+    }
+}
+
+fn shorten_schema(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    Value::String(text) if key == "description" => *text = shorten(text),
+                    other => shorten_schema(other),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(shorten_schema),
+        _ => {}
+    }
+}
+
+fn shorten(text: &str) -> String {
+    let sentence = super::text::first_sentence(text, usize::MAX);
+    if sentence.chars().count() <= SHORT_DESCRIPTION_CHARS {
+        return sentence;
+    }
+    let cut = sentence
+        .char_indices()
+        .nth(SHORT_DESCRIPTION_CHARS)
+        .map_or(sentence.len(), |(i, _)| i);
+    let cut = sentence[..cut].rfind(' ').unwrap_or(cut);
+    format!("{}…", &sentence[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_shrink_to_their_first_sentence() {
+        let mut request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [],
+            "tools": [{"type": "function", "function": {"name": "f",
+                "description": "Get a reservation. Use it whenever the user asks about bookings, and never guess ids.",
+                "parameters": {"type": "object", "properties": {"id": {"type": "string",
+                    "description": "The reservation id, such as 8JX2WO. It is six characters."}}}}}]}))
+        .unwrap();
+        shorten_tool_descriptions(&mut request);
+        let function = request.tools.get().unwrap()[0].function.clone().unwrap();
+        assert_eq!(function.description.get().unwrap(), "Get a reservation.");
+        assert_eq!(
+            function.parameters.get().unwrap()["properties"]["id"]["description"],
+            "The reservation id, such as 8JX2WO."
+        );
+    }
+}

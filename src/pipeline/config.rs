@@ -1,0 +1,227 @@
+//! Settings of the rewriting pipeline (`[pipeline]` in config.toml), with the seed numbers as
+//! defaults (seed 002 §2.1 unless noted).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Rewrite and send the smaller request.
+    Optimize,
+    /// Compute and report everything, send the original request.
+    Observe,
+    /// Do nothing.
+    Off,
+}
+
+impl Mode {
+    pub fn parse(value: &str) -> Option<Mode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "optimize" => Some(Mode::Optimize),
+            "observe" => Some(Mode::Observe),
+            "off" => Some(Mode::Off),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    pub mode: Mode,
+    pub system: SystemConfig,
+    pub window: WindowConfig,
+    pub facts: FactsConfig,
+    pub compact: CompactConfig,
+    pub budget: BudgetConfig,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            mode: Mode::Optimize,
+            system: SystemConfig::default(),
+            window: WindowConfig::default(),
+            facts: FactsConfig::default(),
+            compact: CompactConfig::default(),
+            budget: BudgetConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SystemConfig {
+    pub enabled: bool,
+}
+
+impl Default for SystemConfig {
+    fn default() -> Self {
+        SystemConfig { enabled: true }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WindowConfig {
+    pub enabled: bool,
+    /// Turns kept verbatim by default, and the adaptive bounds (seed 002 §1.2).
+    pub turns: usize,
+    pub min_turns: usize,
+    pub max_turns: usize,
+    /// Older turns are summarized in segments of this many turns…
+    pub segment_turns: usize,
+    /// …keeping at most this many segment summaries, each at most this many tokens.
+    pub max_segments: usize,
+    pub segment_max_tokens: usize,
+    /// Cap of the verbatim window, in tokens (after compaction).
+    pub max_tokens: usize,
+    /// Lexical continuity of recent user messages (cosine of word counts) above which the
+    /// window grows to `max_turns`, and below which it shrinks to `min_turns`.
+    pub continuity_high: f64,
+    pub continuity_low: f64,
+    /// A user message this dissimilar to the previous one starts a new topic.
+    pub topic_shift_similarity: f64,
+}
+
+impl Default for WindowConfig {
+    fn default() -> Self {
+        WindowConfig {
+            enabled: true,
+            turns: 6,
+            min_turns: 4,
+            max_turns: 8,
+            segment_turns: 3,
+            max_segments: 4,
+            segment_max_tokens: 50,
+            max_tokens: 1200,
+            continuity_high: 0.35,
+            continuity_low: 0.05,
+            topic_shift_similarity: 0.02,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FactsConfig {
+    pub enabled: bool,
+    /// Cap of the `<user_facts>` section (seed 002 §3.2: 50–150 tokens).
+    pub max_tokens: usize,
+}
+
+impl Default for FactsConfig {
+    fn default() -> Self {
+        FactsConfig {
+            enabled: true,
+            max_tokens: 150,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactConfig {
+    pub enabled: bool,
+    /// Tool results larger than this are compacted.
+    pub tool_result_max_tokens: usize,
+    /// Tool results older than the last N are replaced by a one-line stub (seed 000, Fase 2).
+    pub keep_recent_results: usize,
+    /// Prose strings longer than this are shortened (identifiers never are).
+    pub max_string_chars: usize,
+    /// Fields kept from JSON objects when they have any of them.
+    pub keep_fields: Vec<String>,
+    /// Extra fields to keep, by tool name.
+    pub tool_fields: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Default for CompactConfig {
+    fn default() -> Self {
+        let keep = [
+            "name",
+            "full_name",
+            "id",
+            "title",
+            "description",
+            "url",
+            "html_url",
+            "state",
+            "number",
+            "created_at",
+            "updated_at",
+            "language",
+            "login",
+            "sha",
+            "status",
+            "type",
+            "email",
+            "path",
+            "message",
+            "body",
+            "error",
+            "code",
+            "stargazers_count",
+            "private",
+        ];
+        CompactConfig {
+            enabled: true,
+            tool_result_max_tokens: 1000,
+            keep_recent_results: 2,
+            max_string_chars: 300,
+            keep_fields: keep.iter().map(|s| (*s).to_owned()).collect(),
+            tool_fields: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExceed {
+    /// Refuse with 400 `context_budget_exceeded`.
+    Reject,
+    /// Send the best effort anyway (counted).
+    Forward,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    pub enabled: bool,
+    /// Hard cap of a request: messages plus tool definitions (seed 002 §2.1).
+    pub max_tokens: usize,
+    pub on_exceed: OnExceed,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig {
+            enabled: true,
+            max_tokens: 4000,
+            on_exceed: OnExceed::Reject,
+        }
+    }
+}
+
+impl PipelineConfig {
+    /// Checks relations between values; returns the offending key and why.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let w = &self.window;
+        let err = |key: &str, message: &str| Err((format!("pipeline.{key}"), message.to_owned()));
+        if w.min_turns == 0 || w.min_turns > w.turns || w.turns > w.max_turns {
+            return err("window", "expected 1 <= min_turns <= turns <= max_turns");
+        }
+        if w.segment_turns == 0 {
+            return err("window.segment_turns", "must be greater than 0");
+        }
+        if !(0.0..=1.0).contains(&w.continuity_low) || !(0.0..=1.0).contains(&w.continuity_high) {
+            return err("window", "continuity thresholds must be between 0 and 1");
+        }
+        if self.budget.max_tokens == 0 {
+            return err("budget.max_tokens", "must be greater than 0");
+        }
+        if self.compact.tool_result_max_tokens == 0 {
+            return err("compact.tool_result_max_tokens", "must be greater than 0");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! The rewriting pipeline: ordered, pure, synchronous stages over an owned chat request
+//! (DESIGN principle 1): `system → window → tools (later) → compact → budget`.
+//!
+//! No I/O, no clock, no randomness here: the same request and config always give the same
+//! rewrite, so rewrites are golden-tested and stable across replicas and turns. A stage whose
+//! result is not smaller is dropped for that request, so the pipeline never grows a prompt.
+
+mod budget;
+mod compact;
+pub mod config;
+mod system;
+mod text;
+mod window;
+
+use serde::Serialize;
+use serde_json::Value;
+
+pub use config::{Mode, OnExceed, PipelineConfig};
+
+use crate::openai::ChatRequest;
+use crate::tokens::TokenCounter;
+
+/// What one stage did to one request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageReport {
+    pub stage: &'static str,
+    pub tokens_before: usize,
+    pub tokens_after: usize,
+    /// False when the stage had nothing to do or its result was not smaller.
+    pub applied: bool,
+    pub details: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PipelineReport {
+    pub tokens_before: usize,
+    pub tokens_after: usize,
+    pub stages: Vec<StageReport>,
+    /// The budget this request was held to, and whether the result fits in it.
+    pub budget: usize,
+    pub fits: bool,
+}
+
+/// A rewritten request and how it was obtained.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    pub request: ChatRequest,
+    pub report: PipelineReport,
+}
+
+impl Rewrite {
+    pub fn changed(&self) -> bool {
+        self.report.stages.iter().any(|s| s.applied)
+    }
+}
+
+/// Knobs the stages read. The budget stage tightens them step by step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Upper bound on verbatim turns, below the adaptive choice (budget only).
+    pub window_turns_cap: Option<usize>,
+    pub max_segments: usize,
+    pub keep_recent_results: usize,
+    pub tool_result_max_tokens: usize,
+    pub max_string_chars: usize,
+    pub shorten_tool_descriptions: bool,
+}
+
+impl Params {
+    fn from_config(config: &PipelineConfig) -> Params {
+        Params {
+            window_turns_cap: None,
+            max_segments: config.window.max_segments,
+            keep_recent_results: config.compact.keep_recent_results,
+            tool_result_max_tokens: config.compact.tool_result_max_tokens,
+            max_string_chars: config.compact.max_string_chars,
+            shorten_tool_descriptions: false,
+        }
+    }
+}
+
+/// Read-only context of a stage.
+pub struct StageCx<'a> {
+    pub config: &'a PipelineConfig,
+    pub params: &'a Params,
+    pub counter: &'a TokenCounter,
+}
+
+/// One rewriting step. `apply` changes the request in place and describes what it did.
+pub trait Stage {
+    fn name(&self) -> &'static str;
+    fn enabled(&self, config: &PipelineConfig) -> bool;
+    fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value;
+}
+
+/// The stages before the budget, in order. Tool filtering goes between window and compact.
+fn stages() -> [&'static dyn Stage; 3] {
+    [
+        &system::SystemStage,
+        &window::WindowStage,
+        &compact::CompactStage,
+    ]
+}
+
+/// Runs every enabled stage, then holds the result to `budget` tokens.
+pub fn run(
+    request: &ChatRequest,
+    config: &PipelineConfig,
+    counter: &TokenCounter,
+    budget: usize,
+) -> Rewrite {
+    let params = Params::from_config(config);
+    let (rewritten, mut stages) = run_stages(request, config, &params, counter);
+    let tokens_before = stages
+        .first()
+        .map_or_else(|| counter.request(request), |s| s.tokens_before);
+    let mut tokens_after = counter.request(&rewritten);
+    let mut best = rewritten;
+
+    if config.budget.enabled && tokens_after > budget {
+        let (fitted, report) = budget::fit(request, config, counter, budget, tokens_after, &|p| {
+            run_stages(request, config, p, counter).0
+        });
+        if report.applied {
+            best = fitted;
+            tokens_after = report.tokens_after;
+        }
+        stages.push(report);
+    }
+    let fits = tokens_after <= budget;
+    Rewrite {
+        request: best,
+        report: PipelineReport {
+            tokens_before,
+            tokens_after,
+            stages,
+            budget,
+            fits,
+        },
+    }
+}
+
+fn run_stages(
+    request: &ChatRequest,
+    config: &PipelineConfig,
+    params: &Params,
+    counter: &TokenCounter,
+) -> (ChatRequest, Vec<StageReport>) {
+    let cx = StageCx {
+        config,
+        params,
+        counter,
+    };
+    let mut current = request.clone();
+    let mut tokens = counter.request(&current);
+    let mut reports = Vec::new();
+    for stage in stages() {
+        if !stage.enabled(config) {
+            continue;
+        }
+        let mut candidate = current.clone();
+        let details = stage.apply(&mut candidate, &cx);
+        let after = counter.request(&candidate);
+        let applied = after < tokens;
+        reports.push(StageReport {
+            stage: stage.name(),
+            tokens_before: tokens,
+            tokens_after: if applied { after } else { tokens },
+            applied,
+            details,
+        });
+        if applied {
+            current = candidate;
+            tokens = after;
+        }
+    }
+    (current, reports)
+}

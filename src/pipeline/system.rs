@@ -1,0 +1,108 @@
+//! `system`: every `system` and `developer` message, wherever it stands, becomes one message at
+//! position 0 — the first verbatim, later ones after it in order, each in its own XML-tagged
+//! section; empty and exactly duplicated ones are dropped (seed 001 §2).
+
+use serde_json::{Value, json};
+
+use super::{Stage, StageCx};
+use crate::openai::{ChatRequest, Content, Message, Role};
+
+pub struct SystemStage;
+
+fn is_instruction(message: &Message) -> bool {
+    matches!(message.role, Role::System | Role::Developer)
+}
+
+impl Stage for SystemStage {
+    fn name(&self) -> &'static str {
+        "system"
+    }
+
+    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+        config.system.enabled
+    }
+
+    fn apply(&self, request: &mut ChatRequest, _cx: &StageCx<'_>) -> Value {
+        let count = request
+            .messages
+            .iter()
+            .filter(|m| is_instruction(m))
+            .count();
+        let first_is_instruction = request.messages.first().is_some_and(is_instruction);
+        if count == 0 || (count == 1 && first_is_instruction) {
+            return json!({"merged": 0, "dropped_empty": 0, "dropped_duplicate": 0});
+        }
+        let (instructions, rest): (Vec<Message>, Vec<Message>) =
+            std::mem::take(&mut request.messages)
+                .into_iter()
+                .partition(is_instruction);
+
+        let mut kept: Vec<Message> = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        let (mut dropped_empty, mut dropped_duplicate) = (0, 0);
+        for message in instructions {
+            let text = message
+                .content
+                .get()
+                .map(|c| c.text().into_owned())
+                .unwrap_or_default();
+            if text.trim().is_empty() {
+                dropped_empty += 1;
+            } else if seen.contains(&text) {
+                dropped_duplicate += 1;
+            } else {
+                seen.push(text);
+                kept.push(message);
+            }
+        }
+        let merged = kept.len().saturating_sub(1);
+        let mut kept = kept.into_iter();
+        if let Some(mut first) = kept.next() {
+            let sections: Vec<String> = kept
+                .map(|m| {
+                    let tag = m.role.as_str().to_owned();
+                    let text = m
+                        .content
+                        .get()
+                        .map(|c| c.text().into_owned())
+                        .unwrap_or_default();
+                    format!("<{tag}>\n{}\n</{tag}>", text.trim())
+                })
+                .collect();
+            if !sections.is_empty() {
+                append_text(&mut first, &sections.join("\n\n"));
+            }
+            request.messages.push(first);
+        }
+        request.messages.extend(rest);
+        json!({"merged": merged, "dropped_empty": dropped_empty, "dropped_duplicate": dropped_duplicate})
+    }
+}
+
+/// Appends a section after a message's own text (prefix stability: the client's text stays
+/// first and unchanged).
+pub(super) fn append_text(message: &mut Message, section: &str) {
+    match message.content.get_mut() {
+        Some(Content::Text(text)) => {
+            text.push_str("\n\n");
+            text.push_str(section);
+        }
+        Some(Content::Parts(parts)) => parts.push(crate::openai::ContentPart {
+            kind: "text".into(),
+            text: crate::openai::Nullable::Value(section.to_owned()),
+            extra: Default::default(),
+        }),
+        None => message.content = crate::openai::Nullable::Value(Content::Text(section.to_owned())),
+    }
+}
+
+/// Adds a proxy-generated section to the system message at position 0, creating one if there
+/// is none.
+pub(super) fn add_section(request: &mut ChatRequest, section: &str) {
+    match request.messages.first_mut() {
+        Some(first) if is_instruction(first) => append_text(first, section),
+        _ => request
+            .messages
+            .insert(0, Message::text(Role::System, section)),
+    }
+}

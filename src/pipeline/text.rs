@@ -1,0 +1,223 @@
+//! Lexical helpers shared by the stages: word normalization (case and accents), stop words in
+//! English and Spanish, bag-of-words similarity, identifier spotting, sentence cutting.
+//! Deterministic and allocation-light; no models.
+
+use std::collections::HashMap;
+
+/// Lowercase and strip the accents of Latin letters (á → a, ñ → n).
+pub fn fold(c: char) -> char {
+    match c {
+        'á' | 'à' | 'ä' | 'â' | 'Á' | 'À' | 'Ä' | 'Â' => 'a',
+        'é' | 'è' | 'ë' | 'ê' | 'É' | 'È' | 'Ë' | 'Ê' => 'e',
+        'í' | 'ì' | 'ï' | 'î' | 'Í' | 'Ì' | 'Ï' | 'Î' => 'i',
+        'ó' | 'ò' | 'ö' | 'ô' | 'Ó' | 'Ò' | 'Ö' | 'Ô' => 'o',
+        'ú' | 'ù' | 'ü' | 'û' | 'Ú' | 'Ù' | 'Ü' | 'Û' => 'u',
+        'ñ' | 'Ñ' => 'n',
+        'ç' | 'Ç' => 'c',
+        other => other.to_ascii_lowercase(),
+    }
+}
+
+/// The text folded (lowercase, no accents).
+pub fn normalize(text: &str) -> String {
+    text.chars().map(fold).collect()
+}
+
+const STOP_WORDS: &[&str] = &[
+    // English
+    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as",
+    "at", "be", "because", "been", "before", "being", "both", "but", "by", "can", "could", "did",
+    "do", "does", "doing", "for", "from", "had", "has", "have", "having", "he", "her", "here",
+    "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "let", "like", "me",
+    "more", "most", "my", "no", "not", "now", "of", "off", "ok", "okay", "on", "once", "only",
+    "or", "other", "our", "out", "over", "please", "same", "she", "should", "so", "some", "such",
+    "than", "thank", "thanks", "that", "the", "their", "them", "then", "there", "these", "they",
+    "this", "those", "to", "too", "up", "us", "very", "was", "we", "were", "what", "when", "where",
+    "which", "while", "who", "why", "will", "with", "would", "yes", "you", "your", "want", "need",
+    "get", "got", "tell", "know", "one", "also", "well", "sure", "hi", "hello", "i'm", "it's",
+    "don't", "can't", "i'd", "i'll", "you're", // Spanish
+    "al", "algo", "como", "con", "cual", "de", "del", "el", "ella", "en", "entre", "era", "es",
+    "esa", "ese", "eso", "esta", "este", "esto", "fue", "ha", "hay", "la", "las", "le", "les",
+    "lo", "los", "mas", "me", "mi", "mis", "muy", "nada", "ni", "no", "nos", "o", "para", "pero",
+    "por", "que", "quiero", "se", "si", "sin", "sobre", "su", "sus", "te", "tu", "tus", "un",
+    "una", "uno", "unos", "y", "ya", "yo", "hola", "gracias", "puedes", "podes", "necesito",
+];
+
+pub fn is_stop_word(word: &str) -> bool {
+    STOP_WORDS.contains(&word)
+}
+
+/// Content words of a text: folded, split on non-alphanumerics, without stop words and
+/// one-letter tokens. A crude plural stem (`-es`/`-s`) makes "flights" match "flight".
+pub fn content_words(text: &str) -> Vec<String> {
+    normalize(text)
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .map(|w| w.trim_matches('\''))
+        .filter(|w| w.chars().count() > 1 && !is_stop_word(w))
+        .map(stem)
+        .collect()
+}
+
+pub fn stem(word: &str) -> String {
+    let n = word.len();
+    if n > 4 && word.ends_with("ies") {
+        format!("{}y", &word[..n - 3])
+    } else if n > 3 && word.ends_with('s') && !word.ends_with("ss") && word.is_ascii() {
+        word[..n - 1].to_owned()
+    } else {
+        word.to_owned()
+    }
+}
+
+/// Word counts of a text.
+pub fn bag(text: &str) -> HashMap<String, f64> {
+    let mut bag = HashMap::new();
+    for word in content_words(text) {
+        *bag.entry(word).or_insert(0.0) += 1.0;
+    }
+    bag
+}
+
+/// Cosine similarity of two bags of words, 0 when either is empty.
+pub fn cosine(a: &HashMap<String, f64>, b: &HashMap<String, f64>) -> f64 {
+    if a.is_empty() || b.is_empty() {
+        return 0.0;
+    }
+    let dot: f64 = a.iter().filter_map(|(w, x)| b.get(w).map(|y| x * y)).sum();
+    let norm = |m: &HashMap<String, f64>| m.values().map(|v| v * v).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// Identifiers in a text, in order of first appearance, copied verbatim: URLs, paths, emails,
+/// ids mixing letters and digits (`ABC123`, `HAT045`, `#1043`), and numbers of 2+ digits.
+pub fn identifiers(text: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    for raw in text.split(|c: char| {
+        c.is_whitespace()
+            || matches!(
+                c,
+                ',' | ';' | '(' | ')' | '[' | ']' | '{' | '}' | '"' | '\'' | '<' | '>' | '`'
+            )
+    }) {
+        let token = raw.trim_end_matches(['.', ':', '!', '?']);
+        if token.is_empty() || found.iter().any(|f| f == token) {
+            continue;
+        }
+        if is_identifier(token) {
+            found.push(token.to_owned());
+        }
+    }
+    found
+}
+
+pub fn is_identifier(token: &str) -> bool {
+    if token.len() > 200 {
+        return false;
+    }
+    if token.contains("://") || (token.contains('@') && token.contains('.')) {
+        return true;
+    }
+    if token.contains('/') && (token.starts_with('/') || token.contains('.')) && token.len() > 2 {
+        return true;
+    }
+    let digits = token.chars().filter(char::is_ascii_digit).count();
+    let letters = token.chars().filter(|c| c.is_alphabetic()).count();
+    (digits > 0 && letters > 0 && token.len() >= 3) || digits >= 2
+}
+
+/// The first sentence of a text (up to `.`, `!`, `?` or a newline), at most `max_words` words.
+pub fn first_sentence(text: &str, max_words: usize) -> String {
+    let end = text
+        .char_indices()
+        .find(|&(i, c)| {
+            c == '\n'
+                || (matches!(c, '.' | '!' | '?')
+                    && text[i + c.len_utf8()..].starts_with([' ', '\n']))
+        })
+        .map_or(text.len(), |(i, c)| i + c.len_utf8());
+    truncate_words(text[..end].trim(), max_words)
+}
+
+/// At most `max_words` words, with `…` when cut.
+pub fn truncate_words(text: &str, max_words: usize) -> String {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.len() <= max_words {
+        words.join(" ")
+    } else {
+        format!("{}…", words[..max_words].join(" "))
+    }
+}
+
+/// Sentences of a text, split after `.`, `!`, `?` and newlines.
+pub fn sentences(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        if matches!(c, '.' | '!' | '?' | '\n') {
+            let end = i + c.len_utf8();
+            let sentence = text[start..end].trim();
+            if !sentence.is_empty() {
+                out.push(sentence);
+            }
+            start = end;
+        }
+    }
+    let tail = text[start..].trim();
+    if !tail.is_empty() {
+        out.push(tail);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_fold_accents_plurals_and_stop_words() {
+        assert_eq!(
+            content_words("¿Dónde están los VUELOS de mañana?"),
+            vec!["donde", "estan", "vuelo", "manana"]
+        );
+        assert_eq!(
+            content_words("The flights and the cities"),
+            vec!["flight", "city"]
+        );
+    }
+
+    #[test]
+    fn identifiers_are_copied_verbatim() {
+        let ids = identifiers(
+            "Check reservation ABC123 (flight HAT045), see https://x.io/a?b=1. Mail me at a@b.co, file /etc/hosts, issue #1043 and 2024.",
+        );
+        assert_eq!(
+            ids,
+            vec![
+                "ABC123",
+                "HAT045",
+                "https://x.io/a?b=1",
+                "a@b.co",
+                "/etc/hosts",
+                "#1043",
+                "2024"
+            ]
+        );
+    }
+
+    #[test]
+    fn similarity() {
+        let a = bag("cancel my flight to Paris");
+        assert!((cosine(&a, &bag("cancel the flight to paris")) - 1.0).abs() < 1e-9);
+        assert_eq!(cosine(&a, &bag("what's a good pasta recipe")), 0.0);
+    }
+
+    #[test]
+    fn sentence_helpers() {
+        assert_eq!(
+            first_sentence("Done. Flight changed to HAT045. Anything else?", 10),
+            "Done."
+        );
+        assert_eq!(first_sentence("one two three four", 2), "one two…");
+        assert_eq!(sentences("A b. C d? E"), vec!["A b.", "C d?", "E"]);
+    }
+}

@@ -1,0 +1,149 @@
+//! `window`: the last turns stay verbatim; older turns become compact key-value summaries and
+//! the facts the user stated (seed 002 §1.1, §1.2, §2).
+//!
+//! A turn is a user message and everything after it up to the next user message, so a tool
+//! call and its results are never split. The verbatim window holds N turns (6; 8 when recent
+//! user messages continue one topic, 4 for chit-chat), starts after a topic shift, and is
+//! capped in tokens. Older turns are cut in segments of 3 counted from the start of the
+//! conversation, so the window moves in steps and consecutive requests share a prefix.
+
+mod facts;
+mod summary;
+mod turns;
+
+use serde_json::{Value, json};
+
+use super::system::add_section;
+use super::{Stage, StageCx};
+use crate::openai::{ChatRequest, Message};
+use turns::{Turn, split_turns};
+
+pub struct WindowStage;
+
+impl Stage for WindowStage {
+    fn name(&self) -> &'static str {
+        "window"
+    }
+
+    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+        config.window.enabled
+    }
+
+    fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value {
+        let (messages, sections, details) = {
+            let (head, turns) = split_turns(&request.messages);
+            let plan = plan_window(&turns, cx);
+            if plan.start == 0 {
+                return json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason});
+            }
+            let (older, window) = turns.split_at(plan.start);
+            let segments = summary::segments(older, cx);
+            let kept = &segments[segments.len().saturating_sub(cx.params.max_segments)..];
+            let facts = if cx.config.facts.enabled {
+                let current = turns.last().map(Turn::user_text).unwrap_or_default();
+                facts::section(older, &current, cx)
+            } else {
+                facts::Section::default()
+            };
+
+            let mut messages: Vec<Message> = head.to_vec();
+            // Instructions found inside summarized turns (system stage off) are kept.
+            messages.extend(older.iter().flat_map(|t| t.instructions().cloned()));
+            messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
+            let mut sections = Vec::new();
+            if !kept.is_empty() {
+                let lines: Vec<&str> = kept.iter().map(|s| s.line.as_str()).collect();
+                sections.push(format!(
+                    "<conversation_summary>\nEarlier turns, oldest first:\n{}\n</conversation_summary>",
+                    lines.join("\n")
+                ));
+            }
+            if !facts.lines.is_empty() {
+                sections.push(format!(
+                    "<user_facts>\n{}\n</user_facts>",
+                    facts.lines.join("\n")
+                ));
+            }
+            let details = json!({
+                "turns": turns.len(),
+                "verbatim_turns": window.len(),
+                "target_turns": plan.target,
+                "continuity": plan.continuity,
+                "topic_shift_at_turn": plan.topic_shift,
+                "reason": plan.reason,
+                "summarized_turns": older.len(),
+                "segments": segments.len(),
+                "segments_kept": kept.len(),
+                "facts": facts.lines.len(),
+            });
+            (messages, sections, details)
+        };
+        request.messages = messages;
+        for section in sections {
+            add_section(request, &section);
+        }
+        details
+    }
+}
+
+struct Plan {
+    /// Index of the first verbatim turn.
+    start: usize,
+    target: usize,
+    continuity: Option<f64>,
+    topic_shift: Option<usize>,
+    reason: &'static str,
+}
+
+fn plan_window(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Plan {
+    let config = &cx.config.window;
+    let total = turns.len();
+    let continuity = turns::continuity(turns);
+    let mut target = match continuity {
+        Some(c) if c >= config.continuity_high => config.max_turns,
+        Some(c) if c <= config.continuity_low => config.min_turns,
+        _ => config.turns,
+    };
+    let mut reason = "adaptive";
+    if let Some(cap) = cx.params.window_turns_cap {
+        target = target.min(cap.max(1));
+        reason = "budget";
+    }
+    let topic_shift = turns::last_topic_shift(turns, config);
+    let mut start = if total > target {
+        let raw = total - target;
+        if cx.params.window_turns_cap.is_some() {
+            raw
+        } else {
+            // Align to whole segments counted from the start (prefix stability).
+            raw / config.segment_turns * config.segment_turns
+        }
+    } else {
+        0
+    };
+    if let Some(shift) = topic_shift.filter(|&s| s > start) {
+        start = shift;
+        reason = "topic_shift";
+    }
+    // Cap the verbatim window in tokens, down to the minimum number of turns.
+    let min_turns = config
+        .min_turns
+        .min(cx.params.window_turns_cap.unwrap_or(usize::MAX))
+        .max(1);
+    let mut tokens: usize = turns[start..]
+        .iter()
+        .map(|t| t.tokens_after_compaction(cx))
+        .sum();
+    while tokens > config.max_tokens && total - start > min_turns {
+        tokens -= turns[start].tokens_after_compaction(cx);
+        start += 1;
+        reason = "token_cap";
+    }
+    Plan {
+        start,
+        target,
+        continuity,
+        topic_shift,
+        reason,
+    }
+}

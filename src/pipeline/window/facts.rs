@@ -1,0 +1,246 @@
+//! Facts the user stated explicitly (seed 002 §1.1: "recordá que…", "a partir de ahora…",
+//! "decidí…"), taken from turns before they leave the window. Never inferred: only sentences
+//! that open with an explicit marker, copied as written. A later fact on the same subject
+//! replaces an earlier one; relevant facts and all preferences go to `<user_facts>`.
+
+use super::turns::Turn;
+use crate::pipeline::StageCx;
+use crate::pipeline::text::{content_words, normalize, sentences, truncate_words};
+
+#[derive(Debug, Default)]
+pub struct Section {
+    pub lines: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Domain {
+    Work,
+    Preferences,
+    Decisions,
+    Personal,
+    Projects,
+}
+
+impl Domain {
+    fn as_str(self) -> &'static str {
+        match self {
+            Domain::Work => "work",
+            Domain::Preferences => "preferences",
+            Domain::Decisions => "decisions",
+            Domain::Personal => "personal",
+            Domain::Projects => "projects",
+        }
+    }
+
+    /// Words that put a message in this domain (folded).
+    fn keywords(self) -> &'static [&'static str] {
+        match self {
+            Domain::Work => &[
+                "work", "job", "team", "company", "office", "client", "trabajo", "equipo",
+                "empresa", "oficina", "cliente",
+            ],
+            Domain::Projects => &[
+                "project",
+                "repo",
+                "deploy",
+                "code",
+                "app",
+                "release",
+                "proyecto",
+                "codigo",
+                "repositorio",
+            ],
+            Domain::Decisions => &[
+                "decide",
+                "decided",
+                "decision",
+                "chose",
+                "plan",
+                "decidimos",
+                "decidi",
+                "decision",
+                "plan",
+            ],
+            Domain::Personal => &[
+                "name",
+                "family",
+                "birthday",
+                "live",
+                "nombre",
+                "familia",
+                "cumpleanos",
+                "vivo",
+            ],
+            Domain::Preferences => &[],
+        }
+    }
+}
+
+/// (marker at the start of a sentence, domain, fixed subject). Folded text.
+const MARKERS: &[(&str, Option<Domain>, Option<&str>)] = &[
+    ("my name is ", Some(Domain::Personal), Some("name")),
+    ("call me ", Some(Domain::Personal), Some("name")),
+    ("me llamo ", Some(Domain::Personal), Some("name")),
+    ("mi nombre es ", Some(Domain::Personal), Some("name")),
+    ("i work at ", Some(Domain::Work), Some("workplace")),
+    ("i work for ", Some(Domain::Work), Some("workplace")),
+    ("i work in ", Some(Domain::Work), Some("workplace")),
+    ("i work as ", Some(Domain::Work), Some("role")),
+    ("trabajo en ", Some(Domain::Work), Some("workplace")),
+    ("trabajo como ", Some(Domain::Work), Some("role")),
+    ("i'm working on ", Some(Domain::Projects), None),
+    ("i am working on ", Some(Domain::Projects), None),
+    ("my project ", Some(Domain::Projects), None),
+    ("estoy trabajando en ", Some(Domain::Projects), None),
+    ("mi proyecto ", Some(Domain::Projects), None),
+    ("i decided ", Some(Domain::Decisions), None),
+    ("i've decided ", Some(Domain::Decisions), None),
+    ("we decided ", Some(Domain::Decisions), None),
+    ("decidi ", Some(Domain::Decisions), None),
+    ("decidimos ", Some(Domain::Decisions), None),
+    ("from now on", Some(Domain::Preferences), None),
+    ("a partir de ahora", Some(Domain::Preferences), None),
+    ("de ahora en adelante", Some(Domain::Preferences), None),
+    ("i prefer ", Some(Domain::Preferences), None),
+    ("prefiero ", Some(Domain::Preferences), None),
+    ("always ", Some(Domain::Preferences), None),
+    ("siempre ", Some(Domain::Preferences), None),
+    ("never ", Some(Domain::Preferences), None),
+    ("nunca ", Some(Domain::Preferences), None),
+    ("remember that ", None, None),
+    ("remember: ", None, None),
+    ("recorda que ", None, None),
+    ("recuerda que ", None, None),
+    ("acordate que ", None, None),
+];
+
+struct Fact {
+    domain: Domain,
+    subject: String,
+    text: String,
+}
+
+fn domain_of(text: &str) -> Option<Domain> {
+    let words = content_words(text);
+    [
+        Domain::Work,
+        Domain::Projects,
+        Domain::Decisions,
+        Domain::Personal,
+    ]
+    .into_iter()
+    .find(|d| d.keywords().iter().any(|k| words.iter().any(|w| w == k)))
+}
+
+fn extract(turns: &[Turn<'_>]) -> Vec<Fact> {
+    let mut facts: Vec<Fact> = Vec::new();
+    for turn in turns {
+        let text = turn.user_text();
+        for sentence in sentences(&text) {
+            let folded = normalize(sentence);
+            let folded = folded.trim_start_matches(['¡', '¿', '-', '*', ' ']);
+            let Some((marker, domain, subject)) =
+                MARKERS.iter().find(|(m, _, _)| folded.starts_with(m))
+            else {
+                continue;
+            };
+            let rest = &folded[marker.len()..];
+            let domain = domain
+                .or_else(|| domain_of(rest))
+                .unwrap_or(Domain::Personal);
+            let subject = subject
+                .map(str::to_owned)
+                .or_else(|| content_words(rest).into_iter().next())
+                .unwrap_or_default();
+            let fact = Fact {
+                domain,
+                subject,
+                text: truncate_words(sentence, 24),
+            };
+            facts.retain(|f| !(f.domain == fact.domain && f.subject == fact.subject));
+            facts.push(fact);
+        }
+    }
+    facts
+}
+
+/// The `<user_facts>` lines for the current message: all preferences, facts of its domain, and
+/// facts sharing a word with it; newest first within the token cap.
+pub fn section(older: &[Turn<'_>], current: &str, cx: &StageCx<'_>) -> Section {
+    let facts = extract(older);
+    let current_domain = domain_of(current);
+    let current_words = content_words(current);
+    let relevant = |f: &Fact| {
+        f.domain == Domain::Preferences
+            || Some(f.domain) == current_domain
+            || content_words(&f.text)
+                .iter()
+                .any(|w| current_words.contains(w))
+    };
+    let mut chosen: Vec<&Fact> = facts
+        .iter()
+        .filter(|f| f.domain == Domain::Preferences)
+        .collect();
+    chosen.extend(
+        facts
+            .iter()
+            .rev()
+            .filter(|f| f.domain != Domain::Preferences && relevant(f)),
+    );
+    let mut lines = Vec::new();
+    let mut tokens = 0;
+    for fact in chosen {
+        let line = format!("- [{}] {}", fact.domain.as_str(), fact.text);
+        let t = cx.counter.text(&line) + 1;
+        if tokens + t > cx.config.facts.max_tokens {
+            continue;
+        }
+        tokens += t;
+        lines.push(line);
+    }
+    Section { lines }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::Message;
+    use crate::pipeline::window::turns::split_turns;
+    use serde_json::json;
+
+    #[test]
+    fn explicit_statements_become_facts_and_later_ones_replace_earlier() {
+        let messages: Vec<Message> = serde_json::from_value(json!([
+            {"role": "user", "content": "Hi! My name is Ana. I work at Globex on payments."},
+            {"role": "assistant", "content": "Nice to meet you."},
+            {"role": "user", "content": "From now on answer in Spanish. Remember that the deploy is on Fridays."},
+            {"role": "assistant", "content": "Claro."},
+            {"role": "user", "content": "Me llamo Ana María. De ahora en adelante respuestas cortas."}
+        ]))
+        .unwrap();
+        let (_, turns) = split_turns(&messages);
+        let facts = extract(&turns);
+        let summary: Vec<(&str, &str, &str)> = facts
+            .iter()
+            .map(|f| (f.domain.as_str(), f.subject.as_str(), f.text.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("work", "workplace", "I work at Globex on payments."),
+                ("preferences", "answer", "From now on answer in Spanish."),
+                (
+                    "projects",
+                    "deploy",
+                    "Remember that the deploy is on Fridays."
+                ),
+                ("personal", "name", "Me llamo Ana María."),
+                (
+                    "preferences",
+                    "respuesta",
+                    "De ahora en adelante respuestas cortas."
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,258 @@
+//! Key-value summaries of 3-turn segments (seed 002 §2.4: structured, never narrative), made
+//! without any model: topic and discussed words by frequency, the outcome and decisions copied
+//! from the text, open questions, and the identifiers mentioned. Each is at most
+//! `segment_max_tokens` tokens, and a segment's summary depends only on its own turns, so it
+//! never changes once written (write-once).
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use super::turns::Turn;
+use crate::openai::{Message, Role};
+use crate::pipeline::StageCx;
+use crate::pipeline::text::{
+    content_words, first_sentence, identifiers, normalize, sentences, truncate_words,
+};
+
+pub struct Segment {
+    pub line: String,
+}
+
+/// Decision markers (English and Spanish, folded).
+const DECISION_MARKERS: &[&str] = &[
+    "decided",
+    "decide to",
+    "let's go with",
+    "we'll use",
+    "i'll use",
+    "we will use",
+    "chose",
+    "agreed",
+    "decidi",
+    "decidimos",
+    "vamos con",
+    "elegi",
+    "usaremos",
+    "quedamos en",
+];
+
+/// Summaries of consecutive segments of `turns`, counted from the first turn.
+pub fn segments(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Vec<Segment> {
+    let size = cx.config.window.segment_turns;
+    turns
+        .chunks(size)
+        .enumerate()
+        .map(|(i, chunk)| Segment {
+            line: summarize(chunk, i * size + 1, cx),
+        })
+        .collect()
+}
+
+fn text_of(message: &Message) -> String {
+    message
+        .content
+        .get()
+        .map(|c| c.text().into_owned())
+        .unwrap_or_default()
+}
+
+/// Words ranked by frequency, ties by first appearance.
+fn ranked_words<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut order = 0;
+    for text in texts {
+        for word in content_words(text) {
+            if word.chars().all(|c| c.is_ascii_digit()) {
+                continue;
+            }
+            let entry = counts.entry(word).or_insert((0, order));
+            entry.0 += 1;
+            order += 1;
+        }
+    }
+    let mut words: Vec<(String, (usize, usize))> = counts.into_iter().collect();
+    words.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.1.1.cmp(&b.1.1)));
+    words.into_iter().map(|(w, _)| w).collect()
+}
+
+fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String {
+    let messages: Vec<&Message> = turns.iter().flat_map(|t| t.messages.iter()).collect();
+    let user_texts: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| text_of(m))
+        .collect();
+    let assistant_texts: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .map(|m| text_of(m))
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    let tool_names: Vec<String> = messages
+        .iter()
+        .flat_map(|m| m.tool_calls().iter().map(|c| c.function.name.clone()))
+        .fold(Vec::new(), |mut acc, name| {
+            if !acc.contains(&name) {
+                acc.push(name);
+            }
+            acc
+        });
+
+    let topic: Vec<String> = ranked_words(user_texts.iter().map(String::as_str))
+        .into_iter()
+        .take(2)
+        .collect();
+    let mut discussed: Vec<String> = ranked_words(
+        user_texts
+            .iter()
+            .chain(assistant_texts.iter())
+            .map(String::as_str),
+    )
+    .into_iter()
+    .filter(|w| !topic.contains(w))
+    .take(3)
+    .collect();
+    discussed.extend(tool_names);
+    let outcome = assistant_texts
+        .last()
+        .map(|t| first_sentence(t, 12))
+        .unwrap_or_default();
+    let decisions: Vec<String> = user_texts
+        .iter()
+        .chain(assistant_texts.iter())
+        .flat_map(|t| sentences(t).into_iter())
+        .filter(|s| {
+            let folded = normalize(s);
+            DECISION_MARKERS.iter().any(|m| folded.contains(m))
+        })
+        .map(|s| truncate_words(s, 10))
+        .take(2)
+        .collect();
+    let open_questions: Vec<String> = open_questions(turns);
+    let mut ids: Vec<String> = Vec::new();
+    let sources = user_texts
+        .iter()
+        .cloned()
+        .chain(
+            messages
+                .iter()
+                .flat_map(|m| m.tool_calls().iter().map(|c| c.function.arguments.clone())),
+        )
+        .chain(assistant_texts.iter().cloned());
+    for text in sources {
+        for id in identifiers(&text) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+
+    let last_turn = first_turn + turns.len() - 1;
+    let mut fields = Fields {
+        turns: if first_turn == last_turn {
+            first_turn.to_string()
+        } else {
+            format!("{first_turn}-{last_turn}")
+        },
+        topic: topic.join(" "),
+        discussed,
+        outcome,
+        decisions,
+        open_questions,
+        ids,
+    };
+    fields.fit(cx.config.window.segment_max_tokens, cx)
+}
+
+/// Questions left open: the questions of the segment's last message when it asks something, and
+/// a last user question that got no textual answer.
+fn open_questions(turns: &[Turn<'_>]) -> Vec<String> {
+    let Some(last) = turns.last() else {
+        return Vec::new();
+    };
+    let last_text =
+        last.messages.iter().rev().find(|m| {
+            matches!(m.role, Role::Assistant | Role::User) && !text_of(m).trim().is_empty()
+        });
+    last_text
+        .map(|m| {
+            sentences(&text_of(m))
+                .into_iter()
+                .filter(|s| s.ends_with('?'))
+                .map(|s| truncate_words(s, 12))
+                .take(1)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+struct Fields {
+    turns: String,
+    topic: String,
+    discussed: Vec<String>,
+    outcome: String,
+    decisions: Vec<String>,
+    open_questions: Vec<String>,
+    ids: Vec<String>,
+}
+
+impl Fields {
+    fn render(&self) -> String {
+        let mut map = Map::new();
+        map.insert("turns".into(), json!(self.turns));
+        let mut put = |key: &str, value: Value, empty: bool| {
+            if !empty {
+                map.insert(key.into(), value);
+            }
+        };
+        put("topic", json!(self.topic), self.topic.is_empty());
+        put(
+            "discussed",
+            json!(self.discussed),
+            self.discussed.is_empty(),
+        );
+        put("outcome", json!(self.outcome), self.outcome.is_empty());
+        put(
+            "decisions",
+            json!(self.decisions),
+            self.decisions.is_empty(),
+        );
+        put(
+            "open_questions",
+            json!(self.open_questions),
+            self.open_questions.is_empty(),
+        );
+        put("ids", json!(self.ids), self.ids.is_empty());
+        Value::Object(map).to_string()
+    }
+
+    /// Drops detail, least important first, until the line fits `max_tokens`.
+    fn fit(&mut self, max_tokens: usize, cx: &StageCx<'_>) -> String {
+        loop {
+            let line = self.render();
+            if cx.counter.text(&line) <= max_tokens {
+                return line;
+            }
+            if self.ids.len() > 4 {
+                self.ids.pop();
+            } else if self.discussed.len() > 2 {
+                self.discussed.pop();
+            } else if !self.decisions.is_empty() {
+                self.decisions.pop();
+            } else if !self.open_questions.is_empty() {
+                self.open_questions.pop();
+            } else if self.outcome.split_whitespace().count() > 6 {
+                self.outcome = truncate_words(self.outcome.trim_end_matches('…'), 6);
+            } else if !self.ids.is_empty() {
+                self.ids.pop();
+            } else if !self.discussed.is_empty() {
+                self.discussed.pop();
+            } else if !self.outcome.is_empty() {
+                self.outcome.clear();
+            } else {
+                return line;
+            }
+        }
+    }
+}
