@@ -127,8 +127,14 @@ pub fn analyze(
         }
         for stage in &report.stages {
             let totals = analysis.stages.entry(stage.stage.to_owned()).or_default();
-            totals.tokens_saved += (stage.tokens_before - stage.tokens_after) as u64;
             totals.applied += u64::from(stage.applied);
+        }
+        for (stage, saved) in report.savings_by_stage() {
+            analysis
+                .stages
+                .entry(stage.to_owned())
+                .or_default()
+                .tokens_saved += saved as u64;
         }
     }
     analysis.pipeline_micros = Percentiles::of(micros);

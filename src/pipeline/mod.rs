@@ -41,6 +41,28 @@ pub struct PipelineReport {
     pub fits: bool,
 }
 
+impl PipelineReport {
+    /// Tokens saved by each stage, summing exactly to `tokens_before - tokens_after`: the few
+    /// tokens a structural stage may add are charged to the next stages that save.
+    pub fn savings_by_stage(&self) -> Vec<(&'static str, usize)> {
+        let mut debt = 0usize;
+        let mut savings = Vec::new();
+        for stage in self.stages.iter().filter(|s| s.applied) {
+            if stage.tokens_after > stage.tokens_before {
+                debt += stage.tokens_after - stage.tokens_before;
+                continue;
+            }
+            let saved = stage.tokens_before - stage.tokens_after;
+            let net = saved.saturating_sub(debt);
+            debt = debt.saturating_sub(saved);
+            if net > 0 {
+                savings.push((stage.stage, net));
+            }
+        }
+        savings
+    }
+}
+
 /// A rewritten request and how it was obtained.
 #[derive(Debug, Clone)]
 pub struct Rewrite {
@@ -91,6 +113,11 @@ pub trait Stage {
     fn name(&self) -> &'static str;
     fn enabled(&self, config: &PipelineConfig) -> bool;
     fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value;
+    /// A structural stage's change is kept even when it costs a few tokens (the pipeline as a
+    /// whole still never grows a prompt).
+    fn structural(&self) -> bool {
+        false
+    }
 }
 
 /// The stages before the budget, in order. Tool filtering goes between window and compact.
@@ -127,6 +154,15 @@ pub fn run(
         }
         stages.push(report);
     }
+    if tokens_after >= tokens_before && stages.iter().any(|s| s.applied) {
+        // Structural changes alone never make a prompt larger: send the original.
+        best = request.clone();
+        tokens_after = tokens_before;
+        for stage in &mut stages {
+            stage.applied = false;
+            stage.tokens_after = stage.tokens_before;
+        }
+    }
     let fits = tokens_after <= budget;
     Rewrite {
         request: best,
@@ -161,7 +197,7 @@ fn run_stages(
         let mut candidate = current.clone();
         let details = stage.apply(&mut candidate, &cx);
         let after = counter.request(&candidate);
-        let applied = after < tokens;
+        let applied = after < tokens || (stage.structural() && candidate != current);
         reports.push(StageReport {
             stage: stage.name(),
             tokens_before: tokens,

@@ -22,6 +22,12 @@ impl Stage for SystemStage {
         config.system.enabled
     }
 
+    /// One system message at position 0 is what models are trained on (and what some chat
+    /// templates require), even when the section tags cost a token or two.
+    fn structural(&self) -> bool {
+        true
+    }
+
     fn apply(&self, request: &mut ChatRequest, _cx: &StageCx<'_>) -> Value {
         let count = request
             .messages

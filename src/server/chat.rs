@@ -42,7 +42,6 @@ pub async fn chat_completions(
             let report = &rewrite.report;
             let over_budget = state.config.pipeline.budget.enabled && !report.fits;
             if mode == Mode::Optimize {
-                record_savings(&state, &rewrite);
                 if over_budget && state.config.pipeline.budget.on_exceed == OnExceed::Reject {
                     state
                         .metrics
@@ -212,10 +211,10 @@ fn record_savings(state: &SharedState, rewrite: &Rewrite) {
         .prompt_tokens
         .with_label_values(&["sent"])
         .inc_by(report.tokens_after as u64);
-    for stage in report.stages.iter().filter(|s| s.applied) {
+    for (stage, saved) in report.savings_by_stage() {
         metrics
             .tokens_saved
-            .with_label_values(&[stage.stage])
-            .inc_by((stage.tokens_before - stage.tokens_after) as u64);
+            .with_label_values(&[stage])
+            .inc_by(saved as u64);
     }
 }

@@ -1,0 +1,242 @@
+//! The pipeline through the running proxy: the mock upstream receives the rewritten request,
+//! the headers carry the counts, `observe` forwards the original, `off` does nothing, and an
+//! over-budget request is refused with the counts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{client, proxy_for, start_mock};
+use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use serde_json::{Value, json};
+
+/// A 12-turn conversation with two system messages, a tool call and a large JSON tool result.
+fn long_conversation() -> Value {
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a travel agent. Be precise."})];
+    let repos: Vec<Value> = (0..150)
+        .map(|i| json!({"id": 1000 + i, "name": format!("trip-{i}"), "html_url": format!("https://example.com/trips/{i}"),
+            "owner": {"login": "acme", "id": 7, "avatar_url": "https://example.com/a.png"}, "notes": null,
+            "internal_blob": "x".repeat(40)}))
+        .collect();
+    for turn in 0..12 {
+        messages.push(json!({"role": "user", "content": format!("Question {turn} about flight AB{turn:03} to Lisbon and hotel booking options near the airport?")}));
+        if turn == 9 {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "list_trips", "arguments": "{\"city\":\"Lisbon\"}"}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": Value::Array(repos.clone()).to_string()}));
+        }
+        messages.push(json!({"role": "assistant", "content": format!("Answer {turn}: flight AB{turn:03} leaves at 10:{turn:02}. The hotel near the airport has rooms.")}));
+        if turn == 4 {
+            messages.push(json!({"role": "system", "content": "Prices are in EUR."}));
+        }
+    }
+    messages.push(json!({"role": "user", "content": "So which flight should I take to Lisbon, given the hotel options?"}));
+    json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "list_trips",
+        "description": "List trips", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
+}
+
+async fn send(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().post(url).header("x-mock-echo", "1").json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+fn counts(response: &reqwest::Response) -> (usize, usize) {
+    let get = |name: &str| {
+        response.headers()[name]
+            .to_str()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
+    (
+        get("x-ctxproxy-tokens-before"),
+        get("x-ctxproxy-tokens-after"),
+    )
+}
+
+#[tokio::test]
+async fn optimize_sends_the_rewritten_request_and_reports_counts() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let body = long_conversation();
+    let response = send(&proxy.url("/v1/chat/completions"), &body, &[]).await;
+    assert_eq!(response.status(), 200);
+    let (before, after) = counts(&response);
+    assert!(after < before / 2, "{before} → {after}");
+    let answer: Value = response.json().await.unwrap();
+    let sent = &answer["mock_echo"]["body"];
+
+    // What the upstream got is exactly what explain says would be sent.
+    let explained: Value = client()
+        .post(proxy.url("/v1/ctxproxy/explain"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(&explained["request"], sent);
+    assert_eq!(explained["tokens_before"], before);
+    assert_eq!(explained["tokens_after"], after);
+    let stages: Vec<&str> = explained["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, vec!["system", "window", "compact"]);
+
+    let messages = sent["messages"].as_array().unwrap();
+    // One system message, first, with the client's text verbatim at its start.
+    assert_eq!(messages.iter().filter(|m| m["role"] == "system").count(), 1);
+    let system = messages[0]["content"].as_str().unwrap();
+    assert!(system.starts_with("You are a travel agent. Be precise."));
+    assert!(system.contains("<system>\nPrices are in EUR.\n</system>"));
+    assert!(system.contains("<conversation_summary>"));
+    // The last user message is byte-identical.
+    assert_eq!(messages.last(), body["messages"].as_array().unwrap().last());
+    // The tool call and its (compacted) result stay together; identifiers kept verbatim.
+    let tool_index = messages.iter().position(|m| m["role"] == "tool").unwrap();
+    assert_eq!(messages[tool_index - 1]["tool_calls"][0]["id"], "call_1");
+    let result = messages[tool_index]["content"].as_str().unwrap();
+    assert!(
+        result.contains("\"owner\":\"acme\"") && result.contains("https://example.com/trips/0")
+    );
+    assert!(result.contains("of 150)"));
+}
+
+#[tokio::test]
+async fn observe_forwards_the_original_and_off_reports_nothing() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let body = long_conversation();
+    let observed = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-mode", "observe")],
+    )
+    .await;
+    let (before, after) = counts(&observed);
+    assert!(after < before);
+    let answer: Value = observed.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"], body);
+    assert!(
+        answer["mock_echo"]["headers"]
+            .get("x-ctxproxy-mode")
+            .is_none()
+    );
+
+    let off = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-mode", "off")],
+    )
+    .await;
+    assert!(off.headers().get("x-ctxproxy-tokens-before").is_none());
+    let answer: Value = off.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"], body);
+
+    let bad = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-mode", "fast")],
+    )
+    .await;
+    assert_eq!(bad.status(), 400);
+    let error: Value = bad.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "X-Ctxproxy-Mode");
+}
+
+#[tokio::test]
+async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let body = long_conversation();
+    let refused = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-budget", "60")],
+    )
+    .await;
+    assert_eq!(refused.status(), 400);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "context_budget_exceeded");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget of 60")
+    );
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), 0);
+
+    // A budget the stages can reach: the tighter steps run and the request fits.
+    let fitted = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-budget", "900")],
+    )
+    .await;
+    assert_eq!(fitted.status(), 200);
+    let (_, after) = counts(&fitted);
+    assert!(after <= 900, "{after}");
+
+    let forwarding = proxy_for(&mock, "[pipeline.budget]\non_exceed = \"forward\"\n").await;
+    let forwarded = send(
+        &forwarding.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-budget", "60")],
+    )
+    .await;
+    assert_eq!(forwarded.status(), 200);
+    let metrics = client()
+        .get(forwarding.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("ctxproxy_budget_outcomes_total{outcome=\"forwarded\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn savings_are_counted_in_metrics() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let response = send(
+        &proxy.url("/v1/chat/completions"),
+        &long_conversation(),
+        &[],
+    )
+    .await;
+    let (before, after) = counts(&response);
+    let metrics = client()
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |needle: &str| -> usize {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(needle))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<usize>().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        value("ctxproxy_prompt_tokens_total{phase=\"original\"}"),
+        before
+    );
+    assert_eq!(value("ctxproxy_prompt_tokens_total{phase=\"sent\"}"), after);
+    assert_eq!(value("ctxproxy_tokens_saved_total{"), before - after);
+    assert!(metrics.contains("ctxproxy_pipeline_duration_seconds_count 1"));
+}
