@@ -60,6 +60,7 @@ pub async fn chat_completions(
                     .budget_outcomes
                     .with_label_values(&[outcome])
                     .inc();
+                record_savings(&state, &rewrite);
             }
             let counts = (report.tokens_before, report.tokens_after);
             match (mode, rewrite.changed()) {
