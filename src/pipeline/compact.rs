@@ -243,10 +243,13 @@ fn compact_text(text: &str, max_tokens: usize, counter: &TokenCounter) -> String
     if tail <= head {
         return text.to_owned();
     }
-    let middle = lines[head..tail].join("\n");
-    let ids: Vec<String> = identifiers(&middle)
-        .into_iter()
-        .take(MAX_OMITTED_IDS)
+    let middle = &lines[head..tail];
+    let ids = distinct_identifiers(&middle.join("\n"));
+    let alerts: Vec<&str> = middle
+        .iter()
+        .copied()
+        .filter(|l| is_alert(l))
+        .take(MAX_ALERT_LINES)
         .collect();
     let mut out = lines[..head].join("\n");
     out.push_str(&format!("\n[… {} lines omitted", tail - head));
@@ -254,8 +257,49 @@ fn compact_text(text: &str, max_tokens: usize, counter: &TokenCounter) -> String
         out.push_str(&format!("; identifiers in them: {}", ids.join(" ")));
     }
     out.push_str(" …]\n");
+    for alert in alerts {
+        out.push_str(alert);
+        out.push('\n');
+    }
     out.push_str(&lines[tail..].join("\n"));
     out
+}
+
+/// Lines of an omitted middle that are kept anyway: errors and warnings.
+const MAX_ALERT_LINES: usize = 5;
+
+fn is_alert(line: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    [
+        "error",
+        "exception",
+        "fatal",
+        "panic",
+        "fail",
+        "warn",
+        "traceback",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+}
+
+/// Identifiers of a text, at most two of each shape (digits masked), so that a column of
+/// timestamps or sequence numbers does not crowd out the rare path or id.
+fn distinct_identifiers(text: &str) -> Vec<String> {
+    let mut shapes: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    identifiers(text)
+        .into_iter()
+        .filter(|id| {
+            let shape: String = id
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            let seen = shapes.entry(shape).or_insert(0);
+            *seen += 1;
+            *seen <= 2
+        })
+        .take(MAX_OMITTED_IDS)
+        .collect()
 }
 
 #[cfg(test)]

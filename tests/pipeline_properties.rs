@@ -1,0 +1,194 @@
+//! Properties of the pipeline over generated conversations with tool calls: the output is a
+//! valid request, the last user message is byte-identical, the prompt never grows, the rewrite
+//! is deterministic, and every identifier kept in a tool result was in that tool result.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashSet;
+
+use ctxproxy::openai::{ChatRequest, Role};
+use ctxproxy::pipeline::{self, PipelineConfig};
+use ctxproxy::tokens::{Encoding, TokenCounter};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+const WORDS: &[&str] = &[
+    "flight",
+    "hotel",
+    "Lisbon",
+    "booking",
+    "refund",
+    "AB123",
+    "cancel",
+    "remember",
+    "that",
+    "my",
+    "name",
+    "is",
+    "Ana",
+    "from",
+    "now",
+    "on",
+    "answer",
+    "in",
+    "Spanish",
+    "the",
+    "deploy",
+    "repo",
+    "https://example.com/x/1",
+    "/etc/app.conf",
+    "#1043",
+    "2024",
+    "why",
+    "?",
+    "and",
+    "cambiando de tema",
+];
+
+fn sentence() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(WORDS), 1..14).prop_map(|w| w.join(" "))
+}
+
+fn tool_result() -> impl Strategy<Value = String> {
+    prop_oneof![
+        sentence(),
+        (1usize..120).prop_map(|n| {
+            let items: Vec<Value> = (0..n)
+                .map(|i| json!({"id": i, "name": format!("item-{i}"), "html_url": format!("https://example.com/i/{i}"),
+                    "owner": {"login": "acme", "id": 3}, "blob": "lorem ipsum dolor sit amet ".repeat(8), "none": null}))
+                .collect();
+            Value::Array(items).to_string()
+        }),
+        (10usize..400).prop_map(|n| (0..n).map(|i| format!("log line {i} id=L{i:04} ok")).collect::<Vec<_>>().join("\n")),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct TurnSpec {
+    user: String,
+    tool_results: Vec<String>,
+    answer: Option<String>,
+}
+
+fn turn() -> impl Strategy<Value = TurnSpec> {
+    (
+        sentence(),
+        prop::collection::vec(tool_result(), 0..3),
+        prop::option::of(sentence()),
+    )
+        .prop_map(|(user, tool_results, answer)| TurnSpec {
+            user,
+            tool_results,
+            answer,
+        })
+}
+
+fn conversation() -> impl Strategy<Value = ChatRequest> {
+    (prop::collection::vec(turn(), 1..16), any::<bool>(), any::<bool>()).prop_map(|(turns, second_system, mid_tool_loop)| {
+        let mut messages = vec![json!({"role": "system", "content": "You are helpful."})];
+        let mut call = 0;
+        let last = turns.len() - 1;
+        for (t, spec) in turns.iter().enumerate() {
+            messages.push(json!({"role": "user", "content": spec.user}));
+            if t == 1 && second_system {
+                messages.push(json!({"role": "developer", "content": "Answer briefly."}));
+            }
+            if !spec.tool_results.is_empty() {
+                let ids: Vec<String> = spec.tool_results.iter().map(|_| { call += 1; format!("call_{call}") }).collect();
+                let calls: Vec<Value> = ids.iter().map(|id| json!({"id": id, "type": "function",
+                    "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}})).collect();
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                for (id, result) in ids.iter().zip(&spec.tool_results) {
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+                }
+            }
+            let ends_in_tool_loop = t == last && mid_tool_loop && !spec.tool_results.is_empty();
+            if let (Some(answer), false) = (&spec.answer, ends_in_tool_loop) {
+                if t != last {
+                    messages.push(json!({"role": "assistant", "content": answer}));
+                }
+            }
+        }
+        serde_json::from_value(json!({"model": "gpt-4o", "messages": messages,
+            "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look something up. Use it often.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "The query. Be specific."}}}}}]}))
+        .unwrap()
+    })
+}
+
+/// Every tool message follows its assistant tool call (possibly after sibling results), and
+/// every tool call has its result.
+fn assert_valid(request: &ChatRequest) {
+    let mut open: Vec<String> = Vec::new();
+    for message in &request.messages {
+        match message.role {
+            Role::Tool => {
+                let id = message.tool_call_id.get().unwrap();
+                let position = open
+                    .iter()
+                    .position(|o| o == id)
+                    .unwrap_or_else(|| panic!("orphan tool result {id}"));
+                open.remove(position);
+            }
+            _ => {
+                assert!(open.is_empty(), "tool calls without results: {open:?}");
+                open = message.tool_calls().iter().map(|c| c.id.clone()).collect();
+            }
+        }
+    }
+    assert!(
+        open.is_empty(),
+        "tool calls without results at the end: {open:?}"
+    );
+}
+
+fn tool_texts(request: &ChatRequest) -> Vec<(String, String)> {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| {
+            (
+                m.tool_call_id.get().unwrap().clone(),
+                m.content.get().unwrap().text().into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Identifier-like tokens of a text, without the proxy's own markers.
+fn identifiers(text: &str) -> HashSet<String> {
+    text.split(|c: char| c.is_whitespace() || "\"',:[]{}()".contains(c))
+        .map(|t| t.trim_end_matches(['.', '…']))
+        .filter(|t| t.chars().any(|c| c.is_ascii_digit()) && t.len() >= 3)
+        .map(str::to_owned)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn pipeline_invariants(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let config = PipelineConfig::default();
+        let rewrite = pipeline::run(&request, &config, &counter, budget);
+        let output = &rewrite.request;
+
+        assert_valid(output);
+        let last_user = |r: &ChatRequest| r.messages.iter().rev().find(|m| m.role == Role::User).cloned();
+        prop_assert_eq!(serde_json::to_value(last_user(output)).unwrap(), serde_json::to_value(last_user(&request)).unwrap());
+        prop_assert!(counter.request(output) <= counter.request(&request));
+        prop_assert_eq!(rewrite.report.tokens_after, counter.request(output));
+        let again = pipeline::run(&request, &config, &counter, budget);
+        prop_assert_eq!(&again.request, output);
+
+        let originals: std::collections::HashMap<String, String> = tool_texts(&request).into_iter().collect();
+        for (id, text) in tool_texts(output) {
+            let original = identifiers(&originals[&id]);
+            for kept in identifiers(&text) {
+                let marker = text.contains(&format!("of {kept})")) || text.contains(&format!("showing {kept} ")) || text.contains(&format!("[… {kept} lines"));
+                prop_assert!(marker || original.contains(&kept), "identifier {} not in the original result", kept);
+            }
+        }
+    }
+}
