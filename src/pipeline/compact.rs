@@ -37,7 +37,18 @@ impl Stage for CompactStage {
             .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
             .map(|(i, _)| i)
             .collect();
-        let keep_from = results.len().saturating_sub(cx.params.keep_recent_results);
+        // Results of the current turn (after the last user message) are never cleared: the
+        // model has not read them yet.
+        let current_turn = request
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::User)
+            .unwrap_or(0);
+        let recent = results.len().saturating_sub(cx.params.keep_recent_results);
+        let keep_from = results
+            .iter()
+            .position(|&i| i > current_turn)
+            .map_or(recent, |first_current| recent.min(first_current));
         let (mut cleared, mut json_compacted, mut text_compacted) = (0, 0, 0);
         for (n, &index) in results.iter().enumerate() {
             let tool_name = tool_name_of(&request.messages, index);
@@ -103,11 +114,12 @@ fn tool_name_of(messages: &[Message], index: usize) -> Option<String> {
 
 /// `[Previous result: <first line, ≤100 chars> …]`.
 pub fn stub(text: &str) -> String {
+    // The first line with words or digits (pretty JSON starts with a lone `{`).
     let first_line = text
         .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
+        .map(str::trim)
+        .find(|l| l.chars().any(char::is_alphanumeric))
+        .unwrap_or("");
     format!(
         "[Previous result: {}]",
         cut_at_whitespace(first_line, STUB_CHARS)
@@ -390,5 +402,47 @@ mod tests {
         assert_eq!(stub("{\"id\": 1}\nmore"), "[Previous result: {\"id\": 1}]");
         let long = "word ".repeat(40);
         assert!(stub(&long).ends_with(" …]"));
+    }
+}
+
+#[cfg(test)]
+mod current_turn_tests {
+    use super::*;
+    use crate::pipeline::{Params, PipelineConfig};
+    use crate::tokens::Encoding;
+
+    #[test]
+    fn results_of_the_current_turn_are_never_cleared() {
+        let result = |city: &str| {
+            format!("{{\n  \"city\": \"{city}\",\n  \"forecast\": \"sunny all week long\"\n}}")
+        };
+        let calls: Vec<Value> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}))
+            .collect();
+        let mut request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
+            {"role": "user", "content": "Weather in Rome, Oslo, Lima and Kyiv?"},
+            {"role": "assistant", "content": null, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "a", "content": result("Rome")},
+            {"role": "tool", "tool_call_id": "b", "content": result("Oslo")},
+            {"role": "tool", "tool_call_id": "c", "content": result("Lima")},
+            {"role": "tool", "tool_call_id": "d", "content": result("Kyiv")}
+        ]}))
+        .unwrap();
+        let original = request.clone();
+        let config = PipelineConfig::default();
+        let params = Params::from_config(&config);
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let cx = StageCx {
+            config: &config,
+            params: &params,
+            counter: &counter,
+        };
+        CompactStage.apply(&mut request, &cx);
+        assert_eq!(request, original);
+        assert_eq!(
+            stub(&result("Rome")),
+            "[Previous result: \"city\": \"Rome\",]"
+        );
     }
 }
