@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::openai::ChatRequest;
+use crate::openai::{ChatRequest, Role};
 use crate::pipeline;
 use crate::tokens::Tokenizers;
 
@@ -67,23 +67,24 @@ fn request_of(line: &str) -> Option<ChatRequest> {
     serde_json::from_value(body).ok()
 }
 
-/// Tokens of the messages after the leading system/developer ones.
-fn history_tokens(request: &ChatRequest, tokenizers: &Tokenizers) -> u64 {
+/// Tokens of the leading system/developer messages, and of the history after them.
+fn prompt_split(request: &ChatRequest, tokenizers: &Tokenizers) -> (u64, u64) {
     let counter = tokenizers.for_model(&request.model, None);
-    let skip = request
+    let leading = request
         .messages
         .iter()
-        .take_while(|m| {
-            matches!(
-                m.role,
-                crate::openai::Role::System | crate::openai::Role::Developer
-            )
-        })
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
         .count();
-    request.messages[skip..]
-        .iter()
-        .map(|m| counter.message(m) as u64)
-        .sum()
+    let sum = |messages: &[crate::openai::Message]| {
+        messages
+            .iter()
+            .map(|m| counter.message(m) as u64)
+            .sum::<u64>()
+    };
+    (
+        sum(&request.messages[..leading]),
+        sum(&request.messages[leading..]),
+    )
 }
 
 pub fn analyze(
@@ -117,11 +118,10 @@ pub fn analyze(
         analysis.tokens_after += report.tokens_after as u64;
         // History after the rewrite excludes the proxy's summary/facts sections in the system
         // message; count them by the system message's growth.
-        let system_growth = system_tokens(&rewrite.request, tokenizers)
-            .saturating_sub(system_tokens(&request, tokenizers));
-        analysis.history_tokens_before += history_tokens(&request, tokenizers);
-        analysis.history_tokens_after +=
-            history_tokens(&rewrite.request, tokenizers) + system_growth;
+        let (system_before, history_before) = prompt_split(&request, tokenizers);
+        let (system_after, history_after) = prompt_split(&rewrite.request, tokenizers);
+        analysis.history_tokens_before += history_before;
+        analysis.history_tokens_after += history_after + system_after.saturating_sub(system_before);
         if !report.fits {
             analysis.over_budget += 1;
         }
@@ -139,21 +139,6 @@ pub fn analyze(
     }
     analysis.pipeline_micros = Percentiles::of(micros);
     Ok(analysis)
-}
-
-fn system_tokens(request: &ChatRequest, tokenizers: &Tokenizers) -> u64 {
-    let counter = tokenizers.for_model(&request.model, None);
-    request
-        .messages
-        .iter()
-        .take_while(|m| {
-            matches!(
-                m.role,
-                crate::openai::Role::System | crate::openai::Role::Developer
-            )
-        })
-        .map(|m| counter.message(m) as u64)
-        .sum()
 }
 
 fn percent(before: u64, after: u64) -> f64 {
