@@ -94,6 +94,7 @@ pub fn analyze(
 ) -> std::io::Result<Analysis> {
     let mut analysis = Analysis::default();
     let mut micros = Vec::new();
+    let memo = pipeline::Memo::default();
     for line in reader.lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -109,6 +110,7 @@ pub fn analyze(
             &request,
             &config.pipeline,
             counter,
+            &memo,
             config.pipeline.budget.max_tokens,
         );
         micros.push(started.elapsed().as_secs_f64() * 1e6);
@@ -139,6 +141,66 @@ pub fn analyze(
     }
     analysis.pipeline_micros = Percentiles::of(micros);
     Ok(analysis)
+}
+
+/// Tokens sent for one synthetic conversation cut at a number of turns.
+#[derive(Debug, Serialize)]
+pub struct GrowthRow {
+    pub turns: usize,
+    pub bytes: usize,
+    pub tokens_before: usize,
+    pub tokens_after: usize,
+    pub history_tokens_after: u64,
+    pub pipeline_micros: f64,
+}
+
+/// The O(1) growth report: one synthetic agent conversation (see `synthetic`) cut at each
+/// length, through the pipeline. With a working window the sent tokens flatten out.
+pub fn growth(config: &Config, tokenizers: &Tokenizers, lengths: &[usize]) -> Vec<GrowthRow> {
+    let mut rows = Vec::new();
+    let memo = pipeline::Memo::default();
+    for &turns in lengths {
+        let Ok(request) = crate::synthetic::conversation(turns) else {
+            continue;
+        };
+        let counter = tokenizers.for_model(&request.model, None);
+        let started = Instant::now();
+        let rewrite = pipeline::run(
+            &request,
+            &config.pipeline,
+            counter,
+            &memo,
+            config.pipeline.budget.max_tokens,
+        );
+        let pipeline_micros = started.elapsed().as_secs_f64() * 1e6;
+        let (system_before, _) = prompt_split(&request, tokenizers);
+        let (system_after, history_after) = prompt_split(&rewrite.request, tokenizers);
+        rows.push(GrowthRow {
+            turns,
+            bytes: serde_json::to_vec(&request).map_or(0, |b| b.len()),
+            tokens_before: rewrite.report.tokens_before,
+            tokens_after: rewrite.report.tokens_after,
+            history_tokens_after: history_after + system_after.saturating_sub(system_before),
+            pipeline_micros,
+        });
+    }
+    rows
+}
+
+pub fn render_growth(rows: &[GrowthRow]) -> String {
+    let mut out = String::from("turns      bytes   tokens before   tokens sent   history sent   pipeline µs\n");
+    for row in rows {
+        out.push_str(&format!(
+            "{:>5} {:>10} {:>15} {:>13} {:>14} {:>13.0}\n",
+            row.turns,
+            row.bytes,
+            row.tokens_before,
+            row.tokens_after,
+            row.history_tokens_after,
+            row.pipeline_micros
+        ));
+    }
+    out
 }
 
 fn percent(before: u64, after: u64) -> f64 {

@@ -41,7 +41,12 @@ enum Command {
     /// Run the pipeline over recorded requests (JSONL) and report the savings per stage.
     Analyze {
         /// One request body, or one `{"request": …}` object, per line.
-        file: PathBuf,
+        #[arg(required_unless_present = "growth")]
+        file: Option<PathBuf>,
+        /// Instead of a file, report the tokens sent for one synthetic agent conversation at
+        /// 10, 20, 50 and 100 turns (the window keeps this flat).
+        #[arg(long, conflicts_with = "file")]
+        growth: bool,
         #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
         config: PathBuf,
         /// Print the report as JSON.
@@ -84,10 +89,25 @@ fn main() -> ExitCode {
             }
             run_async(serve(loaded))
         }
-        Command::Analyze { file, config, json } => {
+        Command::Analyze {
+            file,
+            growth,
+            config,
+            json,
+        } => {
             let loaded = match Config::load(&config) {
                 Ok(loaded) => loaded,
                 Err(e) => return config_error(&config, &e),
+            };
+            let tokenizers = ctxproxy::tokens::Tokenizers::default();
+            let Some(file) = file.filter(|_| !growth) else {
+                let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
+                } else {
+                    print!("{}", ctxproxy::analyze::render_growth(&rows));
+                }
+                return ExitCode::SUCCESS;
             };
             let reader = match std::fs::File::open(&file) {
                 Ok(f) => std::io::BufReader::new(f),
@@ -96,7 +116,6 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let tokenizers = ctxproxy::tokens::Tokenizers::default();
             match ctxproxy::analyze::analyze(reader, &loaded, &tokenizers) {
                 Ok(analysis) if json => {
                     println!(

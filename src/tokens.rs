@@ -33,6 +33,7 @@ const LONG_TEXT_BYTES: usize = 512;
 /// Seeds that keep message keys and text keys apart in the one cache.
 const MESSAGE_SEED: u64 = 0x6d65_7373_6167_6573;
 const TEXT_SEED: u64 = 0x7465_7874_7465_7874;
+const TOOL_SEED: u64 = 0x746f_6f6c_746f_6f6c;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,6 +74,49 @@ impl Encoding {
             Encoding::Cl100kBase => bpe_openai::cl100k_base(),
         }
     }
+
+    /// Tokens of `text`: the tokenizer's own pre-tokenization, then each piece counted once
+    /// per thread (words repeat, and counting a piece allocates an encoder). Same result as
+    /// `Tokenizer::count`.
+    fn count(self, text: &str) -> usize {
+        let tokenizer = self.tokenizer();
+        let normalized = tokenizer.normalize(text);
+        PIECE_COUNTS.with_borrow_mut(|cache| {
+            let cache = &mut cache[self as usize];
+            if cache.len() >= PIECE_CACHE_CAPACITY {
+                cache.clear();
+            }
+            tokenizer
+                .split(normalized.as_str())
+                .map(|piece| {
+                    if piece.len() == 1 {
+                        return 1; // every byte is a token
+                    }
+                    if piece.len() > PIECE_CACHE_MAX_BYTES {
+                        return tokenizer.bpe.count(piece.as_bytes());
+                    }
+                    if let Some(&count) = cache.get(piece) {
+                        return count as usize;
+                    }
+                    let count = tokenizer.bpe.count(piece.as_bytes());
+                    cache.insert(piece.into(), count as u32);
+                    count
+                })
+                .sum()
+        })
+    }
+}
+
+/// Pieces longer than this are counted without the cache (they rarely repeat).
+const PIECE_CACHE_MAX_BYTES: usize = 24;
+/// Entries per thread and encoding before the piece cache is cleared (~3 MB).
+const PIECE_CACHE_CAPACITY: usize = 50_000;
+
+type PieceCache = HashMap<Box<str>, u32, foldhash::fast::RandomState>;
+
+thread_local! {
+    /// Token counts of pre-tokenized pieces, one map per encoding.
+    static PIECE_COUNTS: std::cell::RefCell<[PieceCache; 2]> = Default::default();
 }
 
 /// One counter per encoding, shared by all requests.
@@ -123,12 +167,12 @@ impl TokenCounter {
             return 0;
         }
         if text.len() < LONG_TEXT_BYTES {
-            return self.encoding.tokenizer().count(text);
+            return self.encoding.count(text);
         }
         let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
         text.hash(&mut hasher);
-        self.cached(hasher.finish(), || self.encoding.tokenizer().count(text))
+        self.cached(hasher.finish(), || self.encoding.count(text))
     }
 
     /// The tokens of a whole request: messages, reply priming and tool definitions.
@@ -200,6 +244,13 @@ impl TokenCounter {
     }
 
     pub fn tool(&self, tool: &Tool) -> usize {
+        let mut hasher = foldhash::quality::FixedState::with_seed(TOOL_SEED).build_hasher();
+        self.encoding.hash(&mut hasher);
+        hash_tool(tool, &mut hasher);
+        self.cached(hasher.finish(), || self.count_tool(tool))
+    }
+
+    fn count_tool(&self, tool: &Tool) -> usize {
         let Some(function) = &tool.function else {
             return TOKENS_PER_TOOL
                 + self.text(&serde_json::to_string(&tool.extra).unwrap_or_default());
@@ -218,33 +269,78 @@ impl TokenCounter {
     fn message_key(&self, message: &Message) -> u64 {
         let mut hasher = foldhash::quality::FixedState::with_seed(MESSAGE_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
-        message.role.as_str().hash(&mut hasher);
-        message.name.get().hash(&mut hasher);
-        match message.content.get() {
-            Some(Content::Text(text)) => {
-                0u8.hash(&mut hasher);
-                text.hash(&mut hasher);
-            }
-            Some(Content::Parts(parts)) => {
-                1u8.hash(&mut hasher);
-                for part in parts {
-                    part.kind.hash(&mut hasher);
-                    part.text.get().hash(&mut hasher);
-                    if part.text.get().is_none() {
-                        serde_json::to_string(&part.extra)
-                            .unwrap_or_default()
-                            .hash(&mut hasher);
-                    }
+        hash_message(message, &mut hasher);
+        hasher.finish()
+    }
+}
+
+/// Feeds what a message says (role, name, content, tool calls, tool call id) to `hasher`:
+/// the key of memos over messages.
+pub fn hash_message(message: &Message, hasher: &mut impl Hasher) {
+    message.role.as_str().hash(hasher);
+    message.name.get().hash(hasher);
+    match message.content.get() {
+        Some(Content::Text(text)) => {
+            0u8.hash(hasher);
+            text.hash(hasher);
+        }
+        Some(Content::Parts(parts)) => {
+            1u8.hash(hasher);
+            for part in parts {
+                part.kind.hash(hasher);
+                part.text.get().hash(hasher);
+                if part.text.get().is_none() {
+                    serde_json::to_string(&part.extra)
+                        .unwrap_or_default()
+                        .hash(hasher);
                 }
             }
-            None => 2u8.hash(&mut hasher),
         }
-        for call in message.tool_calls() {
-            call.function.name.hash(&mut hasher);
-            call.function.arguments.hash(&mut hasher);
+        None => 2u8.hash(hasher),
+    }
+    for call in message.tool_calls() {
+        call.function.name.hash(hasher);
+        call.function.arguments.hash(hasher);
+    }
+    message.tool_call_id.get().hash(hasher);
+}
+
+fn hash_tool(tool: &Tool, hasher: &mut impl Hasher) {
+    tool.kind.hash(hasher);
+    match &tool.function {
+        Some(function) => {
+            function.name.hash(hasher);
+            function.description.get().hash(hasher);
+            if let Some(parameters) = function.parameters.get() {
+                hash_json(parameters, hasher);
+            }
         }
-        message.tool_call_id.get().hash(&mut hasher);
-        hasher.finish()
+        None => tool.extra.iter().for_each(|(k, v)| {
+            k.hash(hasher);
+            hash_json(v, hasher);
+        }),
+    }
+}
+
+/// Hashes a JSON value by structure and content (`serde_json::Value` has no `Hash`).
+fn hash_json(value: &serde_json::Value, hasher: &mut impl Hasher) {
+    use serde_json::Value;
+    match value {
+        Value::Null => 0u8.hash(hasher),
+        Value::Bool(b) => (1u8, b).hash(hasher),
+        Value::Number(n) => (2u8, n.to_string()).hash(hasher),
+        Value::String(s) => (3u8, s).hash(hasher),
+        Value::Array(items) => {
+            (4u8, items.len()).hash(hasher);
+            items.iter().for_each(|v| hash_json(v, hasher));
+        }
+        Value::Object(map) => {
+            (5u8, map.len()).hash(hasher);
+            for (k, v) in map {
+                k.hash(hasher);
+                hash_json(v, hasher);
+            }
+        }
     }
 }
 
@@ -330,6 +426,25 @@ mod tests {
             "name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object"}}}]}),
         );
         assert!(counter.request(&tools) > TOOLS_FRAMING + TOKENS_PER_TOOL);
+    }
+
+    #[test]
+    fn piece_cache_counts_like_the_tokenizer() {
+        let texts = [
+            "Hello, world! The reservation ABC123 is confirmed.",
+            "¿Dónde está el aeropuerto? Ñandú, café, 東京, emoji 🚀🚀 and  spaces\n\n\tend",
+            "{\"id\": 42, \"url\": \"https://api.github.com/repos/a/b\", \"x\": [1,2,3]}",
+            &"supercalifragilisticexpialidocious antidisestablishmentarianism ".repeat(20),
+            "",
+            "a",
+        ];
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for _ in 0..2 {
+                for text in texts {
+                    assert_eq!(encoding.count(text), encoding.tokenizer().count(text), "{text}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ctxproxy::openai::ChatRequest;
-use ctxproxy::pipeline::{self, PipelineConfig};
+use ctxproxy::pipeline::{self, Memo, PipelineConfig};
 use ctxproxy::tokens::{Encoding, TokenCounter};
 use serde_json::{Value, json};
 
@@ -17,7 +17,13 @@ fn rewrite(name: &str) -> Value {
     let request: ChatRequest = serde_json::from_value(fixture["request"].clone()).unwrap();
     let budget = fixture["budget"].as_u64().unwrap() as usize;
     let counter = TokenCounter::new(Encoding::O200kBase);
-    let rewrite = pipeline::run(&request, &PipelineConfig::default(), &counter, budget);
+    let rewrite = pipeline::run(
+        &request,
+        &PipelineConfig::default(),
+        &counter,
+        &Memo::default(),
+        budget,
+    );
     json!({"report": rewrite.report, "request": rewrite.request})
 }
 

@@ -168,8 +168,9 @@ proptest! {
     #[test]
     fn pipeline_invariants(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
         let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = pipeline::Memo::default();
         let config = PipelineConfig::default();
-        let rewrite = pipeline::run(&request, &config, &counter, budget);
+        let rewrite = pipeline::run(&request, &config, &counter, &memo, budget);
         let output = &rewrite.request;
 
         assert_valid(output);
@@ -177,7 +178,7 @@ proptest! {
         prop_assert_eq!(serde_json::to_value(last_user(output)).unwrap(), serde_json::to_value(last_user(&request)).unwrap());
         prop_assert!(counter.request(output) <= counter.request(&request));
         prop_assert_eq!(rewrite.report.tokens_after, counter.request(output));
-        let again = pipeline::run(&request, &config, &counter, budget);
+        let again = pipeline::run(&request, &config, &counter, &memo, budget);
         prop_assert_eq!(&again.request, output);
 
         let originals: std::collections::HashMap<String, String> = tool_texts(&request).into_iter().collect();

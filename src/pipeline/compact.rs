@@ -437,6 +437,7 @@ mod current_turn_tests {
             config: &config,
             params: &params,
             counter: &counter,
+            memo: &crate::pipeline::Memo::default(),
         };
         CompactStage.apply(&mut request, &cx);
         assert_eq!(request, original);

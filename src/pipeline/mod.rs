@@ -8,6 +8,7 @@
 mod budget;
 mod compact;
 pub mod config;
+mod memo;
 mod system;
 mod text;
 mod window;
@@ -16,6 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use config::{Mode, OnExceed, PipelineConfig};
+pub use memo::Memo;
 
 use crate::openai::ChatRequest;
 use crate::tokens::TokenCounter;
@@ -106,6 +108,7 @@ pub struct StageCx<'a> {
     pub config: &'a PipelineConfig,
     pub params: &'a Params,
     pub counter: &'a TokenCounter,
+    pub memo: &'a Memo,
 }
 
 /// One rewriting step. `apply` changes the request in place and describes what it did.
@@ -129,15 +132,17 @@ fn stages() -> [&'static dyn Stage; 3] {
     ]
 }
 
-/// Runs every enabled stage, then holds the result to `budget` tokens.
+/// Runs every enabled stage, then holds the result to `budget` tokens. `memo` only saves
+/// work across calls; it never changes the result.
 pub fn run(
     request: &ChatRequest,
     config: &PipelineConfig,
     counter: &TokenCounter,
+    memo: &Memo,
     budget: usize,
 ) -> Rewrite {
     let params = Params::from_config(config);
-    let (rewritten, mut stages) = run_stages(request, config, &params, counter);
+    let (rewritten, mut stages) = run_stages(request, config, &params, counter, memo);
     let tokens_before = stages
         .first()
         .map_or_else(|| counter.request(request), |s| s.tokens_before);
@@ -146,7 +151,7 @@ pub fn run(
 
     if config.budget.enabled && tokens_after > budget {
         let (fitted, report) = budget::fit(request, config, counter, budget, tokens_after, &|p| {
-            run_stages(request, config, p, counter).0
+            run_stages(request, config, p, counter, memo).0
         });
         if report.applied {
             best = fitted;
@@ -181,11 +186,13 @@ fn run_stages(
     config: &PipelineConfig,
     params: &Params,
     counter: &TokenCounter,
+    memo: &Memo,
 ) -> (ChatRequest, Vec<StageReport>) {
     let cx = StageCx {
         config,
         params,
         counter,
+        memo,
     };
     let mut current = request.clone();
     let mut tokens = counter.request(&current);

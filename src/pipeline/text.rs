@@ -2,7 +2,8 @@
 //! English and Spanish, bag-of-words similarity, identifier spotting, sentence cutting.
 //! Deterministic and allocation-light; no models.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 
 /// Lowercase and strip the accents of Latin letters (á → a, ñ → n).
 pub fn fold(c: char) -> char {
@@ -43,8 +44,11 @@ const STOP_WORDS: &[&str] = &[
     "una", "uno", "unos", "y", "ya", "yo", "hola", "gracias", "puedes", "podes", "necesito",
 ];
 
+static STOP_WORD_SET: LazyLock<HashSet<&'static str, foldhash::fast::RandomState>> =
+    LazyLock::new(|| STOP_WORDS.iter().copied().collect());
+
 pub fn is_stop_word(word: &str) -> bool {
-    STOP_WORDS.contains(&word)
+    STOP_WORD_SET.contains(word)
 }
 
 /// Content words of a text: folded, split on non-alphanumerics, without stop words and
@@ -92,6 +96,7 @@ pub fn cosine(a: &HashMap<String, f64>, b: &HashMap<String, f64>) -> f64 {
 /// ids mixing letters and digits (`ABC123`, `HAT045`, `#1043`), and numbers of 2+ digits.
 pub fn identifiers(text: &str) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
+    let mut seen: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
     for raw in text.split(|c: char| {
         c.is_whitespace()
             || matches!(
@@ -100,10 +105,11 @@ pub fn identifiers(text: &str) -> Vec<String> {
             )
     }) {
         let token = raw.trim_end_matches(['.', ':', '!', '?']);
-        if token.is_empty() || found.iter().any(|f| f == token) {
+        if token.is_empty() || seen.contains(token) {
             continue;
         }
         if is_identifier(token) {
+            seen.insert(token);
             found.push(token.to_owned());
         }
     }

@@ -37,8 +37,8 @@ impl Stage for WindowStage {
                 return json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason});
             }
             let (older, window) = turns.split_at(plan.start);
-            let segments = summary::segments(older, cx);
-            let kept = &segments[segments.len().saturating_sub(cx.params.max_segments)..];
+            let segments = summary::count(older, cx);
+            let kept = summary::latest(older, cx.params.max_segments, cx);
             let facts = if cx.config.facts.enabled {
                 let current = turns.last().map(Turn::user_text).unwrap_or_default();
                 facts::section(older, &current, cx)
@@ -52,7 +52,7 @@ impl Stage for WindowStage {
             messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
             let mut sections = Vec::new();
             if !kept.is_empty() {
-                let lines: Vec<&str> = kept.iter().map(|s| s.line.as_str()).collect();
+                let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
                 sections.push(format!(
                     "<conversation_summary>\nEarlier turns, oldest first:\n{}\n</conversation_summary>",
                     lines.join("\n")
@@ -72,7 +72,7 @@ impl Stage for WindowStage {
                 "topic_shift_at_turn": plan.topic_shift,
                 "reason": plan.reason,
                 "summarized_turns": older.len(),
-                "segments": segments.len(),
+                "segments": segments,
                 "segments_kept": kept.len(),
                 "facts": facts.lines.len(),
             });
@@ -109,7 +109,6 @@ fn plan_window(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Plan {
         target = target.min(cap.max(1));
         reason = "budget";
     }
-    let topic_shift = turns::last_topic_shift(turns, config);
     let mut start = if total > target {
         let raw = total - target;
         if cx.params.window_turns_cap.is_some() {
@@ -121,7 +120,8 @@ fn plan_window(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Plan {
     } else {
         0
     };
-    if let Some(shift) = topic_shift.filter(|&s| s > start) {
+    let topic_shift = turns::last_topic_shift(turns, start + 1, config);
+    if let Some(shift) = topic_shift {
         start = shift;
         reason = "topic_shift";
     }

@@ -193,7 +193,7 @@ fn rewrite(
         .tokenizers
         .for_model(&chat.model, upstream.config.tokenizer);
     let started = Instant::now();
-    let rewrite = pipeline::run(chat, config, counter, budget);
+    let rewrite = pipeline::run(chat, config, counter, &state.memo, budget);
     state
         .metrics
         .pipeline_duration

@@ -27,6 +27,7 @@ pub use middleware::RequestContext;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::pipeline;
 use crate::tokens::Tokenizers;
 use crate::upstream::Upstreams;
 
@@ -36,6 +37,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     pub metrics: Metrics,
     pub tokenizers: Tokenizers,
+    /// Segment summaries shared by every request (see `pipeline::Memo`).
+    pub memo: pipeline::Memo,
     limiter: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
@@ -60,6 +63,7 @@ impl AppState {
             upstreams,
             metrics,
             tokenizers: Tokenizers::default(),
+            memo: pipeline::Memo::default(),
             shutting_down: AtomicBool::new(false),
         }))
     }

@@ -5,19 +5,25 @@
 //! never changes once written (write-once).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
 use super::turns::Turn;
 use crate::openai::{Message, Role};
 use crate::pipeline::StageCx;
+use crate::tokens::hash_message;
 use crate::pipeline::text::{
     content_words, first_sentence, identifiers, normalize, sentences, truncate_words,
 };
 
 pub struct Segment {
-    pub line: String,
+    pub line: Arc<str>,
 }
+
+/// Seed of the memo keys of segment summaries.
+const SUMMARY_SEED: u64 = 0x7375_6d6d_6172_7931;
 
 /// Decision markers (English and Spanish, folded).
 const DECISION_MARKERS: &[&str] = &[
@@ -37,16 +43,41 @@ const DECISION_MARKERS: &[&str] = &[
     "quedamos en",
 ];
 
-/// Summaries of consecutive segments of `turns`, counted from the first turn.
-pub fn segments(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Vec<Segment> {
-    let size = cx.config.window.segment_turns;
+/// How many segments `turns` make, counted from the first turn.
+pub fn count(turns: &[Turn<'_>], cx: &StageCx<'_>) -> usize {
+    turns.len().div_ceil(cx.config.window.segment_turns.max(1))
+}
+
+/// Summaries of the last `max` segments of `turns`, oldest first. Segments are counted from
+/// the first turn, so a segment's boundaries (and its summary) never move as turns are added;
+/// each summary is computed once (see `Memo`).
+pub fn latest(turns: &[Turn<'_>], max: usize, cx: &StageCx<'_>) -> Vec<Segment> {
+    let size = cx.config.window.segment_turns.max(1);
+    let skip = count(turns, cx).saturating_sub(max);
     turns
         .chunks(size)
         .enumerate()
-        .map(|(i, chunk)| Segment {
-            line: summarize(chunk, i * size + 1, cx),
+        .skip(skip)
+        .map(|(i, chunk)| {
+            let first_turn = i * size + 1;
+            Segment {
+                line: cx.memo.text(summary_key(chunk, first_turn, cx), || {
+                    summarize(chunk, first_turn, cx)
+                }),
+            }
         })
         .collect()
+}
+
+/// Everything a summary depends on: its turns, their position, the token limit and encoding.
+fn summary_key(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> u64 {
+    let mut hasher = foldhash::quality::FixedState::with_seed(SUMMARY_SEED).build_hasher();
+    cx.counter.encoding().hash(&mut hasher);
+    (first_turn, cx.config.window.segment_max_tokens).hash(&mut hasher);
+    for message in turns.iter().flat_map(|t| t.messages.iter()) {
+        hash_message(message, &mut hasher);
+    }
+    hasher.finish()
 }
 
 fn text_of(message: &Message) -> String {

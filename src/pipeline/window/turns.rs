@@ -1,5 +1,7 @@
 //! Turns of a conversation and the lexical signals read from them: continuity and topic shifts.
 
+use std::collections::HashMap;
+
 use crate::openai::{Message, Role};
 use crate::pipeline::StageCx;
 use crate::pipeline::config::WindowConfig;
@@ -105,32 +107,34 @@ const SHIFT_PHRASES: &[&str] = &[
     "something else entirely",
 ];
 
-/// The index of the last turn that starts a new topic: an explicit phrase, or a sharp drop in
-/// similarity after a continuous stretch.
-pub fn last_topic_shift(turns: &[Turn<'_>], config: &WindowConfig) -> Option<usize> {
+/// The index of the last turn at or after `from` that starts a new topic: an explicit phrase,
+/// or a sharp drop in similarity after a continuous stretch. Turns before `from` are read only
+/// as the stretch a drop is measured against, so the cost does not grow with the history.
+pub fn last_topic_shift(turns: &[Turn<'_>], from: usize, config: &WindowConfig) -> Option<usize> {
     let mut last = None;
-    let mut previous: Vec<(usize, String)> = Vec::new();
-    for (index, turn) in turns.iter().enumerate() {
+    // The two user messages before each candidate, as (bag, enough content words).
+    let mut previous: Vec<(HashMap<String, f64>, bool)> = Vec::new();
+    let scan_from = from.saturating_sub(3);
+    for (index, turn) in turns.iter().enumerate().skip(scan_from) {
         let Some(_) = turn.user() else { continue };
         let text = turn.user_text();
-        let folded = normalize(&text);
-        let explicit = SHIFT_PHRASES.iter().any(|p| folded.contains(p));
-        let dropped = previous.len() >= 2 && {
-            let (a, b) = (
-                &previous[previous.len() - 2].1,
-                &previous[previous.len() - 1].1,
-            );
-            let long_enough = |t: &str| content_words(t).len() >= 4;
-            long_enough(a)
-                && long_enough(b)
-                && long_enough(&text)
-                && cosine(&bag(a), &bag(b)) >= config.continuity_high
-                && cosine(&bag(b), &bag(&text)) <= config.topic_shift_similarity
-        };
-        if index > 0 && (explicit || dropped) {
-            last = Some(index);
+        let words = content_words(&text).len();
+        let current = (bag(&text), words >= 4);
+        if index >= from.max(1) {
+            let folded = normalize(&text);
+            let explicit = SHIFT_PHRASES.iter().any(|p| folded.contains(p));
+            let dropped = previous.len() >= 2 && {
+                let (a, b) = (&previous[previous.len() - 2], &previous[previous.len() - 1]);
+                a.1 && b.1
+                    && current.1
+                    && cosine(&a.0, &b.0) >= config.continuity_high
+                    && cosine(&b.0, &current.0) <= config.topic_shift_similarity
+            };
+            if explicit || dropped {
+                last = Some(index);
+            }
         }
-        previous.push((index, text));
+        previous.push(current);
     }
     last
 }
@@ -174,6 +178,6 @@ mod tests {
             {"role": "user", "content": "and its typing module?"}
         ]));
         let (_, turns) = split_turns(&all);
-        assert_eq!(last_topic_shift(&turns, &WindowConfig::default()), Some(1));
+        assert_eq!(last_topic_shift(&turns, 0, &WindowConfig::default()), Some(1));
     }
 }

@@ -1,0 +1,51 @@
+//! A process-wide memo of derived texts (segment summaries) keyed by a hash of their inputs.
+//!
+//! Consecutive requests of a conversation share their older segments, and the budget stage
+//! reruns the stages several times per request; the memo makes each segment's summary cost
+//! once. Like the token-count cache it never changes a result: the key covers every input.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Entries kept before the memo is cleared (a summary line is ~200 bytes).
+const CAPACITY: usize = 50_000;
+
+#[derive(Default)]
+pub struct Memo {
+    entries: Mutex<HashMap<u64, Arc<str>>>,
+}
+
+impl Memo {
+    /// The text for `key`, computed by `make` on a miss.
+    pub fn text(&self, key: u64, make: impl FnOnce() -> String) -> Arc<str> {
+        if let Some(hit) = self.entries.lock().ok().and_then(|e| e.get(&key).cloned()) {
+            return hit;
+        }
+        let value: Arc<str> = make().into();
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() >= CAPACITY {
+                entries.clear();
+            }
+            entries.insert(key, Arc::clone(&value));
+        }
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn computes_once_per_key() {
+        let memo = Memo::default();
+        let mut calls = 0;
+        let a = memo.text(1, || {
+            calls += 1;
+            "one".into()
+        });
+        let b = memo.text(1, || unreachable!("cached"));
+        assert_eq!((&*a, &*b, calls), ("one", "one", 1));
+        assert_eq!(&*memo.text(2, || "two".into()), "two");
+    }
+}
