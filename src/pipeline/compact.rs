@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use serde_json::{Map, Value, json};
 
 use super::text::identifiers;
-use super::{Stage, StageCx};
+use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role};
 use crate::tokens::TokenCounter;
 
@@ -29,7 +29,7 @@ impl Stage for CompactStage {
         config.compact.enabled
     }
 
-    fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value {
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
         let results: Vec<usize> = request
             .messages
             .iter()
@@ -50,16 +50,22 @@ impl Stage for CompactStage {
             .position(|&i| i > current_turn)
             .map_or(recent, |first_current| recent.min(first_current));
         let (mut cleared, mut json_compacted, mut text_compacted) = (0, 0, 0);
+        // Copied on the first change.
+        let mut messages: Option<Vec<Message>> = None;
+        let mut replace = |index: usize, text: String| {
+            let messages = messages.get_or_insert_with(|| request.messages.clone());
+            set_text(&mut messages[index], text);
+        };
         for (n, &index) in results.iter().enumerate() {
             let tool_name = tool_name_of(&request.messages, index);
-            let message = &mut request.messages[index];
-            let Some(text) = message.content.get().map(|c| c.text().into_owned()) else {
+            let message = &request.messages[index];
+            let Some(text) = message.content.get().map(|c| c.text()) else {
                 continue;
             };
             if n < keep_from {
                 let stub = stub(&text);
                 if stub.len() < text.len() {
-                    set_text(message, stub);
+                    replace(index, stub);
                     cleared += 1;
                 }
                 continue;
@@ -90,10 +96,13 @@ impl Stage for CompactStage {
                 }
             };
             if compacted.len() < text.len() {
-                set_text(message, compacted);
+                replace(index, compacted);
             }
         }
-        json!({"cleared": cleared, "json_compacted": json_compacted, "text_compacted": text_compacted})
+        StageOutput {
+            messages,
+            details: json!({"cleared": cleared, "json_compacted": json_compacted, "text_compacted": text_compacted}),
+        }
     }
 }
 
@@ -420,7 +429,7 @@ mod current_turn_tests {
             .iter()
             .map(|id| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}))
             .collect();
-        let mut request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
+        let request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
             {"role": "user", "content": "Weather in Rome, Oslo, Lima and Kyiv?"},
             {"role": "assistant", "content": null, "tool_calls": calls},
             {"role": "tool", "tool_call_id": "a", "content": result("Rome")},
@@ -429,7 +438,6 @@ mod current_turn_tests {
             {"role": "tool", "tool_call_id": "d", "content": result("Kyiv")}
         ]}))
         .unwrap();
-        let original = request.clone();
         let config = PipelineConfig::default();
         let params = Params::from_config(&config);
         let counter = TokenCounter::new(Encoding::O200kBase);
@@ -439,8 +447,7 @@ mod current_turn_tests {
             counter: &counter,
             memo: &crate::pipeline::Memo::default(),
         };
-        CompactStage.apply(&mut request, &cx);
-        assert_eq!(request, original);
+        assert!(CompactStage.apply(&request, &cx).messages.is_none());
         assert_eq!(
             stub(&result("Rome")),
             "[Previous result: \"city\": \"Rome\",]"

@@ -13,13 +13,15 @@ mod system;
 mod text;
 mod window;
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::Value;
 
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 
-use crate::openai::ChatRequest;
+use crate::openai::{ChatRequest, Message};
 use crate::tokens::TokenCounter;
 
 /// What one stage did to one request.
@@ -111,11 +113,28 @@ pub struct StageCx<'a> {
     pub memo: &'a Memo,
 }
 
-/// One rewriting step. `apply` changes the request in place and describes what it did.
+/// What a stage produced: the new messages (`None` when it had nothing to change) and a
+/// description of what it did.
+pub struct StageOutput {
+    pub messages: Option<Vec<Message>>,
+    pub details: Value,
+}
+
+impl StageOutput {
+    fn unchanged(details: Value) -> StageOutput {
+        StageOutput {
+            messages: None,
+            details,
+        }
+    }
+}
+
+/// One rewriting step: reads the request, returns what it would change. Stages borrow, so a
+/// stage with nothing to do costs no copy.
 pub trait Stage {
     fn name(&self) -> &'static str;
     fn enabled(&self, config: &PipelineConfig) -> bool;
-    fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value;
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput;
     /// A structural stage's change is kept even when it costs a few tokens (the pipeline as a
     /// whole still never grows a prompt).
     fn structural(&self) -> bool {
@@ -151,17 +170,17 @@ pub fn run(
 
     if config.budget.enabled && tokens_after > budget {
         let (fitted, report) = budget::fit(request, config, counter, budget, tokens_after, &|p| {
-            run_stages(request, config, p, counter, memo).0
+            run_stages(request, config, p, counter, memo).0.into_owned()
         });
         if report.applied {
-            best = fitted;
+            best = Cow::Owned(fitted);
             tokens_after = report.tokens_after;
         }
         stages.push(report);
     }
     if tokens_after >= tokens_before && stages.iter().any(|s| s.applied) {
         // Structural changes alone never make a prompt larger: send the original.
-        best = request.clone();
+        best = Cow::Borrowed(request);
         tokens_after = tokens_before;
         for stage in &mut stages {
             stage.applied = false;
@@ -170,7 +189,7 @@ pub fn run(
     }
     let fits = tokens_after <= budget;
     Rewrite {
-        request: best,
+        request: best.into_owned(),
         report: PipelineReport {
             tokens_before,
             tokens_after,
@@ -181,41 +200,68 @@ pub fn run(
     }
 }
 
-fn run_stages(
-    request: &ChatRequest,
+fn run_stages<'a>(
+    request: &'a ChatRequest,
     config: &PipelineConfig,
     params: &Params,
     counter: &TokenCounter,
     memo: &Memo,
-) -> (ChatRequest, Vec<StageReport>) {
+) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
     let cx = StageCx {
         config,
         params,
         counter,
         memo,
     };
-    let mut current = request.clone();
-    let mut tokens = counter.request(&current);
+    // These stages change messages only; the tool definitions' count is fixed.
+    let tool_tokens = counter.tools(request.tools.get().map_or(&[], Vec::as_slice));
+    let mut current = Cow::Borrowed(request);
+    let mut tokens = counter.messages(&request.messages) + tool_tokens;
     let mut reports = Vec::new();
     for stage in stages() {
         if !stage.enabled(config) {
             continue;
         }
-        let mut candidate = current.clone();
-        let details = stage.apply(&mut candidate, &cx);
-        let after = counter.request(&candidate);
-        let applied = after < tokens || (stage.structural() && candidate != current);
-        reports.push(StageReport {
+        let output = stage.apply(&current, &cx);
+        let mut report = StageReport {
             stage: stage.name(),
             tokens_before: tokens,
-            tokens_after: if applied { after } else { tokens },
-            applied,
-            details,
-        });
-        if applied {
-            current = candidate;
-            tokens = after;
+            tokens_after: tokens,
+            applied: false,
+            details: output.details,
+        };
+        if let Some(messages) = output.messages {
+            let after = counter.messages(&messages) + tool_tokens;
+            if after < tokens || (stage.structural() && messages != current.messages) {
+                report.applied = true;
+                report.tokens_after = after;
+                tokens = after;
+                current = Cow::Owned(with_messages(current, messages));
+            }
         }
+        reports.push(report);
     }
     (current, reports)
+}
+
+/// The request with other messages, copying the rest only when it is still borrowed.
+fn with_messages(request: Cow<'_, ChatRequest>, messages: Vec<Message>) -> ChatRequest {
+    match request {
+        Cow::Owned(mut owned) => {
+            owned.messages = messages;
+            owned
+        }
+        Cow::Borrowed(r) => ChatRequest {
+            model: r.model.clone(),
+            messages,
+            stream: r.stream.clone(),
+            stream_options: r.stream_options.clone(),
+            tools: r.tools.clone(),
+            tool_choice: r.tool_choice.clone(),
+            functions: r.functions.clone(),
+            function_call: r.function_call.clone(),
+            response_format: r.response_format.clone(),
+            extra: r.extra.clone(),
+        },
+    }
 }

@@ -2,9 +2,9 @@
 //! position 0 — the first verbatim, later ones after it in order, each in its own XML-tagged
 //! section; empty and exactly duplicated ones are dropped (seed 001 §2).
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::{Stage, StageCx};
+use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Role};
 
 pub struct SystemStage;
@@ -28,7 +28,7 @@ impl Stage for SystemStage {
         true
     }
 
-    fn apply(&self, request: &mut ChatRequest, _cx: &StageCx<'_>) -> Value {
+    fn apply(&self, request: &ChatRequest, _cx: &StageCx<'_>) -> StageOutput {
         let count = request
             .messages
             .iter()
@@ -36,14 +36,15 @@ impl Stage for SystemStage {
             .count();
         let first_is_instruction = request.messages.first().is_some_and(is_instruction);
         if count == 0 || (count == 1 && first_is_instruction) {
-            return json!({"merged": 0, "dropped_empty": 0, "dropped_duplicate": 0});
+            return StageOutput::unchanged(
+                json!({"merged": 0, "dropped_empty": 0, "dropped_duplicate": 0}),
+            );
         }
-        let (instructions, rest): (Vec<Message>, Vec<Message>) =
-            std::mem::take(&mut request.messages)
-                .into_iter()
-                .partition(is_instruction);
+        let (instructions, rest): (Vec<&Message>, Vec<&Message>) =
+            request.messages.iter().partition(|m| is_instruction(m));
+        let mut messages = Vec::with_capacity(rest.len() + 1);
 
-        let mut kept: Vec<Message> = Vec::new();
+        let mut kept: Vec<&Message> = Vec::new();
         let mut seen: Vec<String> = Vec::new();
         let (mut dropped_empty, mut dropped_duplicate) = (0, 0);
         for message in instructions {
@@ -63,7 +64,8 @@ impl Stage for SystemStage {
         }
         let merged = kept.len().saturating_sub(1);
         let mut kept = kept.into_iter();
-        if let Some(mut first) = kept.next() {
+        if let Some(first) = kept.next() {
+            let mut first = first.clone();
             let sections: Vec<String> = kept
                 .map(|m| {
                     let tag = m.role.as_str().to_owned();
@@ -78,10 +80,13 @@ impl Stage for SystemStage {
             if !sections.is_empty() {
                 append_text(&mut first, &sections.join("\n\n"));
             }
-            request.messages.push(first);
+            messages.push(first);
         }
-        request.messages.extend(rest);
-        json!({"merged": merged, "dropped_empty": dropped_empty, "dropped_duplicate": dropped_duplicate})
+        messages.extend(rest.into_iter().cloned());
+        StageOutput {
+            messages: Some(messages),
+            details: json!({"merged": merged, "dropped_empty": dropped_empty, "dropped_duplicate": dropped_duplicate}),
+        }
     }
 }
 
@@ -104,11 +109,9 @@ pub(super) fn append_text(message: &mut Message, section: &str) {
 
 /// Adds a proxy-generated section to the system message at position 0, creating one if there
 /// is none.
-pub(super) fn add_section(request: &mut ChatRequest, section: &str) {
-    match request.messages.first_mut() {
+pub(super) fn add_section(messages: &mut Vec<Message>, section: &str) {
+    match messages.first_mut() {
         Some(first) if is_instruction(first) => append_text(first, section),
-        _ => request
-            .messages
-            .insert(0, Message::text(Role::System, section)),
+        _ => messages.insert(0, Message::text(Role::System, section)),
     }
 }

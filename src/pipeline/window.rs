@@ -11,10 +11,10 @@ mod facts;
 mod summary;
 mod turns;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::system::add_section;
-use super::{Stage, StageCx};
+use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Message};
 use turns::{Turn, split_turns};
 
@@ -29,13 +29,14 @@ impl Stage for WindowStage {
         config.window.enabled
     }
 
-    fn apply(&self, request: &mut ChatRequest, cx: &StageCx<'_>) -> Value {
-        let (messages, sections, details) = {
-            let (head, turns) = split_turns(&request.messages);
-            let plan = plan_window(&turns, cx);
-            if plan.start == 0 {
-                return json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason});
-            }
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
+        let (head, turns) = split_turns(&request.messages);
+        let plan = plan_window(&turns, cx);
+        if plan.start == 0 {
+            return StageOutput::unchanged(
+                json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason}),
+            );
+        }
             let (older, window) = turns.split_at(plan.start);
             let segments = summary::count(older, cx);
             let kept = summary::latest(older, cx.params.max_segments, cx);
@@ -50,16 +51,15 @@ impl Stage for WindowStage {
             // Instructions found inside summarized turns (system stage off) are kept.
             messages.extend(older.iter().flat_map(|t| t.instructions().cloned()));
             messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
-            let mut sections = Vec::new();
             if !kept.is_empty() {
                 let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
-                sections.push(format!(
+                add_section(&mut messages, &format!(
                     "<conversation_summary>\nEarlier turns, oldest first:\n{}\n</conversation_summary>",
                     lines.join("\n")
                 ));
             }
             if !facts.lines.is_empty() {
-                sections.push(format!(
+                add_section(&mut messages, &format!(
                     "<user_facts>\n{}\n</user_facts>",
                     facts.lines.join("\n")
                 ));
@@ -76,13 +76,7 @@ impl Stage for WindowStage {
                 "segments_kept": kept.len(),
                 "facts": facts.lines.len(),
             });
-            (messages, sections, details)
-        };
-        request.messages = messages;
-        for section in sections {
-            add_section(request, &section);
-        }
-        details
+            StageOutput { messages: Some(messages), details }
     }
 }
 

@@ -258,32 +258,50 @@ impl Fields {
         Value::Object(map).to_string()
     }
 
-    /// Drops detail, least important first, until the line fits `max_tokens`.
+    /// Drops detail, least important first, until the line fits `max_tokens`. The first
+    /// count gives the line's bytes per token; detail is dropped by that estimate before the
+    /// next count, so a line is tokenized two or three times, not once per dropped item.
     fn fit(&mut self, max_tokens: usize, cx: &StageCx<'_>) -> String {
-        loop {
-            let line = self.render();
-            if cx.counter.text(&line) <= max_tokens {
-                return line;
+        let mut line = self.render();
+        let mut tokens = cx.counter.text(&line);
+        while tokens > max_tokens {
+            let bytes_per_token = line.len() as f64 / tokens as f64;
+            let target_bytes = (max_tokens as f64 * bytes_per_token) as usize;
+            loop {
+                if !self.drop_detail() {
+                    return line;
+                }
+                line = self.render();
+                if line.len() <= target_bytes {
+                    break;
+                }
             }
-            if self.ids.len() > 4 {
-                self.ids.pop();
-            } else if self.discussed.len() > 2 {
-                self.discussed.pop();
-            } else if !self.decisions.is_empty() {
-                self.decisions.pop();
-            } else if !self.open_questions.is_empty() {
-                self.open_questions.pop();
-            } else if self.outcome.split_whitespace().count() > 6 {
-                self.outcome = truncate_words(self.outcome.trim_end_matches('…'), 6);
-            } else if !self.ids.is_empty() {
-                self.ids.pop();
-            } else if !self.discussed.is_empty() {
-                self.discussed.pop();
-            } else if !self.outcome.is_empty() {
-                self.outcome.clear();
-            } else {
-                return line;
-            }
+            tokens = cx.counter.text(&line);
         }
+        line
+    }
+
+    /// Drops the least important remaining detail; false when nothing is left to drop.
+    fn drop_detail(&mut self) -> bool {
+        if self.ids.len() > 4 {
+            self.ids.pop();
+        } else if self.discussed.len() > 2 {
+            self.discussed.pop();
+        } else if !self.decisions.is_empty() {
+            self.decisions.pop();
+        } else if !self.open_questions.is_empty() {
+            self.open_questions.pop();
+        } else if self.outcome.split_whitespace().count() > 6 {
+            self.outcome = truncate_words(self.outcome.trim_end_matches('…'), 6);
+        } else if !self.ids.is_empty() {
+            self.ids.pop();
+        } else if !self.discussed.is_empty() {
+            self.discussed.pop();
+        } else if !self.outcome.is_empty() {
+            self.outcome.clear();
+        } else {
+            return false;
+        }
+        true
     }
 }
