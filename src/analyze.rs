@@ -30,6 +30,10 @@ pub struct Analysis {
     pub history_tokens_before: u64,
     pub history_tokens_after: u64,
     pub over_budget: u64,
+    /// The same history figures over requests of 20 or more turns (seed 002 §6).
+    pub long_requests: u64,
+    pub long_history_tokens_before: u64,
+    pub long_history_tokens_after: u64,
     pub stages: BTreeMap<String, StageTotals>,
     pub pipeline_micros: Percentiles,
 }
@@ -87,6 +91,9 @@ fn prompt_split(request: &ChatRequest, tokenizers: &Tokenizers) -> (u64, u64) {
     )
 }
 
+/// Turns (user messages) from which a request counts as a long conversation.
+const LONG_CONVERSATION_TURNS: usize = 20;
+
 pub fn analyze(
     reader: impl BufRead,
     config: &Config,
@@ -122,8 +129,19 @@ pub fn analyze(
         // message; count them by the system message's growth.
         let (system_before, history_before) = prompt_split(&request, tokenizers);
         let (system_after, history_after) = prompt_split(&rewrite.request, tokenizers);
+        let history_after = history_after + system_after.saturating_sub(system_before);
         analysis.history_tokens_before += history_before;
-        analysis.history_tokens_after += history_after + system_after.saturating_sub(system_before);
+        analysis.history_tokens_after += history_after;
+        let turns = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .count();
+        if turns >= LONG_CONVERSATION_TURNS {
+            analysis.long_requests += 1;
+            analysis.long_history_tokens_before += history_before;
+            analysis.long_history_tokens_after += history_after;
+        }
         if !report.fits {
             analysis.over_budget += 1;
         }
@@ -230,6 +248,18 @@ impl Analysis {
             self.history_tokens_after,
             percent(self.history_tokens_before, self.history_tokens_after)
         ));
+        if self.long_requests > 0 {
+            out.push_str(&format!(
+                "  in the {} requests of {LONG_CONVERSATION_TURNS}+ turns: {} → {} ({:.1}% saved)\n",
+                self.long_requests,
+                self.long_history_tokens_before,
+                self.long_history_tokens_after,
+                percent(
+                    self.long_history_tokens_before,
+                    self.long_history_tokens_after
+                )
+            ));
+        }
         out.push_str(&format!(
             "over budget after every step: {}\n",
             self.over_budget

@@ -2,7 +2,7 @@
 //! When the other stages leave it too large, they run again with tighter settings, one step at
 //! a time, in this order, until it fits: fewer summary segments, a smaller window (down to 4
 //! turns, then to the current turn), all but the last tool result cleared, harder compaction,
-//! shorter tool-parameter descriptions. What happens when it still does not fit is the
+//! shorter tool-parameter descriptions, and last no summary at all. What happens when it still does not fit is the
 //! caller's policy (`reject` or `forward`).
 
 use serde_json::{Value, json};
@@ -17,7 +17,6 @@ const STEPS: &[Step] = &[
     ("fewer_summary_segments", |p, _| {
         p.max_segments = p.max_segments.min(2)
     }),
-    ("no_summary_segments", |p, _| p.max_segments = 0),
     ("window_min_turns", |p, c| {
         p.window_turns_cap = Some(c.window.min_turns)
     }),
@@ -32,6 +31,8 @@ const STEPS: &[Step] = &[
     ("short_tool_descriptions", |p, _| {
         p.shorten_tool_descriptions = true
     }),
+    // Last resort, before the policy refuses the request.
+    ("no_summary_segments", |p, _| p.max_segments = 0),
 ];
 
 /// Characters kept of a tool or parameter description when shortening them.

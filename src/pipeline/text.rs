@@ -52,7 +52,8 @@ pub fn is_stop_word(word: &str) -> bool {
 }
 
 /// Content words of a text: folded, split on non-alphanumerics, without stop words and
-/// one-letter tokens. A crude plural stem (`-es`/`-s`) makes "flights" match "flight".
+/// one-letter tokens. A crude plural stem (`-ies`/`-s`, not `-ss`/`-us`/`-is`) makes
+/// "flights" match "flight" and leaves "redis" and "status" alone.
 pub fn content_words(text: &str) -> Vec<String> {
     normalize(text)
         .split(|c: char| !(c.is_alphanumeric() || c == '\''))
@@ -66,7 +67,11 @@ pub fn stem(word: &str) -> String {
     let n = word.len();
     if n > 4 && word.ends_with("ies") {
         format!("{}y", &word[..n - 3])
-    } else if n > 3 && word.ends_with('s') && !word.ends_with("ss") && word.is_ascii() {
+    } else if n > 3
+        && word.ends_with('s')
+        && !(word.ends_with("ss") || word.ends_with("us") || word.ends_with("is"))
+        && word.is_ascii()
+    {
         word[..n - 1].to_owned()
     } else {
         word.to_owned()
@@ -154,13 +159,26 @@ pub fn truncate_words(text: &str, max_words: usize) -> String {
     }
 }
 
-/// Sentences of a text, split after `.`, `!`, `?` and newlines.
+/// Whether the word before a period is an abbreviation ("p. ej.", "e.g.", "i.e.").
+fn is_abbreviation(before: &str) -> bool {
+    let word = before.rsplit(char::is_whitespace).next().unwrap_or("");
+    let mut chars = word.chars();
+    let single_lowercase = chars.next().is_some_and(char::is_lowercase) && chars.next().is_none();
+    single_lowercase || word.contains('.')
+}
+
+/// Sentences of a text, split after `.`, `!`, `?` followed by whitespace (not inside `3.5`
+/// or `api.github.com`) and at newlines.
 pub fn sentences(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     for (i, c) in text.char_indices() {
-        if matches!(c, '.' | '!' | '?' | '\n') {
-            let end = i + c.len_utf8();
+        let end = i + c.len_utf8();
+        let boundary = c == '\n'
+            || (matches!(c, '.' | '!' | '?')
+                && text[end..].chars().next().is_none_or(char::is_whitespace)
+                && !(c == '.' && is_abbreviation(&text[start..i])));
+        if boundary {
             let sentence = text[start..end].trim();
             if !sentence.is_empty() {
                 out.push(sentence);
@@ -224,6 +242,15 @@ mod tests {
             "Done."
         );
         assert_eq!(first_sentence("one two three four", 2), "one two…");
-        assert_eq!(sentences("A b. C d? E"), vec!["A b.", "C d?", "E"]);
+        assert_eq!(
+            sentences("Ship it. Now? See api.github.com, e.g. v3.5 and p. ej. Plan B. End"),
+            vec![
+                "Ship it.",
+                "Now?",
+                "See api.github.com, e.g. v3.5 and p. ej.",
+                "Plan B.",
+                "End"
+            ]
+        );
     }
 }

@@ -69,7 +69,7 @@ impl Stage for WindowStage {
                 "verbatim_turns": window.len(),
                 "target_turns": plan.target,
                 "continuity": plan.continuity,
-                "topic_shift_at_turn": plan.topic_shift,
+                "topic_shift_at_turn": plan.topic_shift.map(|i| i + 1),
                 "reason": plan.reason,
                 "summarized_turns": older.len(),
                 "segments": segments,

@@ -132,19 +132,48 @@ fn domain_of(text: &str) -> Option<Domain> {
     .find(|d| d.keywords().iter().any(|k| words.iter().any(|w| w == k)))
 }
 
+/// The marker a clause opens with, after "remember that"-style openers are looked through
+/// ("remember that I prefer…" is a preference). Returns the domain, fixed subject and the text
+/// after the marker.
+fn classify(clause: &str) -> Option<(Option<Domain>, Option<&'static str>, &str)> {
+    let (marker, domain, subject) = MARKERS.iter().find(|(m, _, _)| clause.starts_with(m))?;
+    let rest = clause[marker.len()..].trim_start();
+    if domain.is_none() {
+        if let Some(inner) = classify(rest) {
+            return Some(inner);
+        }
+    }
+    Some((*domain, *subject, rest))
+}
+
+/// Words that may open a clause before its marker ("and from now on…", "por favor recorda…").
+const FILLERS: &[&str] = &[
+    "please ", "also ", "and ", "so ", "oh ", "btw ", "actually ", "ok ", "okay ", "well ",
+    "por favor ", "tambien ", "y ", "bueno ", "ah ", "ojo ",
+];
+
+fn without_fillers(clause: &str) -> &str {
+    let mut clause = clause.trim_start_matches(['¡', '¿', '-', '*', ' ', '!']);
+    while let Some(rest) = FILLERS.iter().find_map(|f| clause.strip_prefix(f)) {
+        clause = rest.trim_start();
+    }
+    clause
+}
+
 fn extract(turns: &[Turn<'_>]) -> Vec<Fact> {
     let mut facts: Vec<Fact> = Vec::new();
     for turn in turns {
         let text = turn.user_text();
         for sentence in sentences(&text) {
             let folded = normalize(sentence);
-            let folded = folded.trim_start_matches(['¡', '¿', '-', '*', ' ']);
-            let Some((marker, domain, subject)) =
-                MARKERS.iter().find(|(m, _, _)| folded.starts_with(m))
+            // "Hi, my name is Mia": a marker may open any clause, not only the sentence.
+            let Some((domain, subject, rest)) = folded
+                .split([',', ';', ':'])
+                .map(without_fillers)
+                .find_map(classify)
             else {
                 continue;
             };
-            let rest = &folded[marker.len()..];
             let domain = domain
                 .or_else(|| domain_of(rest))
                 .unwrap_or(Domain::Personal);
@@ -207,6 +236,48 @@ mod tests {
     use crate::openai::Message;
     use crate::pipeline::window::turns::split_turns;
     use serde_json::json;
+
+    fn facts_of(texts: &[&str]) -> Vec<(String, String, String)> {
+        let messages: Vec<Message> = texts
+            .iter()
+            .flat_map(|t| {
+                [
+                    json!({"role": "user", "content": t}),
+                    json!({"role": "assistant", "content": "ok"}),
+                ]
+            })
+            .map(|v| serde_json::from_value(v).unwrap())
+            .collect();
+        let (_, turns) = split_turns(&messages);
+        extract(&turns)
+            .into_iter()
+            .map(|f| (f.domain.as_str().to_owned(), f.subject, f.text))
+            .collect()
+    }
+
+    #[test]
+    fn markers_open_any_clause_and_look_through_remember() {
+        let facts = facts_of(&[
+            "Hi, my name is Mia Li.",
+            "Please remember that I prefer aisle seats.",
+            "Oh and by the way, actually my name is Noah.",
+        ]);
+        assert_eq!(
+            facts,
+            vec![
+                (
+                    "preferences".into(),
+                    "aisle".into(),
+                    "Please remember that I prefer aisle seats.".into()
+                ),
+                (
+                    "personal".into(),
+                    "name".into(),
+                    "Oh and by the way, actually my name is Noah.".into()
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn explicit_statements_become_facts_and_later_ones_replace_earlier() {

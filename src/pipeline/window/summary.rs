@@ -15,7 +15,7 @@ use crate::openai::{Message, Role};
 use crate::pipeline::StageCx;
 use crate::tokens::hash_message;
 use crate::pipeline::text::{
-    content_words, first_sentence, identifiers, normalize, sentences, truncate_words,
+    content_words, identifiers, normalize, sentences, truncate_words,
 };
 
 pub struct Segment {
@@ -145,10 +145,7 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
     .take(3)
     .collect();
     discussed.extend(tool_names);
-    let outcome = assistant_texts
-        .last()
-        .map(|t| first_sentence(t, 12))
-        .unwrap_or_default();
+    let outcome = outcome(&assistant_texts);
     let decisions: Vec<String> = user_texts
         .iter()
         .chain(assistant_texts.iter())
@@ -194,6 +191,18 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
         ids,
     };
     fields.fit(cx.config.window.segment_max_tokens, cx)
+}
+
+/// The outcome of a segment: the first informative sentence of its last assistant answer
+/// (or an earlier one), skipping fillers ("Certainly!"), code and table lines.
+fn outcome(assistant_texts: &[String]) -> String {
+    assistant_texts
+        .iter()
+        .rev()
+        .flat_map(|t| sentences(t))
+        .find(|s| !s.contains("```") && !s.starts_with('|') && content_words(s).len() >= 3)
+        .map(|s| truncate_words(s, 12))
+        .unwrap_or_default()
 }
 
 /// Questions left open: the questions of the segment's last message when it asks something, and
