@@ -279,3 +279,19 @@ impl Analysis {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_sent_stay_flat_as_a_conversation_grows() {
+        let config = Config::from_toml("", Vec::new()).unwrap();
+        let rows = growth(&config, &Tokenizers::default(), &[10, 20, 50, 100]);
+        let sent: Vec<usize> = rows.iter().map(|r| r.tokens_after).collect();
+        let before: Vec<usize> = rows.iter().map(|r| r.tokens_before).collect();
+        assert!(before[3] > 4 * before[1], "{before:?}");
+        let (twenty, hundred) = (sent[1] as f64, sent[3] as f64);
+        assert!((hundred - twenty).abs() <= 0.1 * twenty, "{sent:?}");
+    }
+}

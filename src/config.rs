@@ -345,7 +345,7 @@ impl RawConfig {
                 ));
             }
         };
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        if !is_log_filter(&self.log.level) {
             return Err(ConfigError::invalid(
                 "log.level",
                 format!("`{}` is not a valid level or filter", self.log.level),
@@ -628,6 +628,18 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&c| c == '*')
 }
 
+/// A level (`info`) or a tracing filter whose bare words are levels (`info,hyper=warn`):
+/// a bare word that is not a level (`infoo`) is a typo, not a target to filter on.
+fn is_log_filter(filter: &str) -> bool {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    tracing_subscriber::EnvFilter::try_new(filter).is_ok()
+        && filter
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty() && !d.contains('='))
+            .all(|d| LEVELS.contains(&d.to_ascii_lowercase().as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -658,6 +670,20 @@ mod tests {
             }
         }
         assert!(config.default_upstream.is_some());
+    }
+
+    #[test]
+    fn typos_in_levels_and_inverted_thresholds_are_refused() {
+        let key_of = |text: &str| match Config::from_toml(text, no_env()) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        };
+        assert_eq!(key_of("[log]\nlevel = \"infoo\"\n"), "log.level");
+        assert_eq!(
+            key_of("[pipeline.window]\ncontinuity_low = 0.5\ncontinuity_high = 0.2\n"),
+            "pipeline.window.continuity_low"
+        );
+        assert!(Config::from_toml("[log]\nlevel = \"debug,hyper=warn\"\n", no_env()).is_ok());
     }
 
     #[test]

@@ -36,8 +36,12 @@ pub enum ProxyError {
     },
     #[error("The request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("Missing required parameter: '{field}'")]
+    MissingField { field: String },
     #[error("Unknown route: {method} {path}")]
     RouteNotFound { method: String, path: String },
+    #[error("{path} does not accept {method}")]
+    MethodNotAllowed { method: String, path: String },
     #[error("No upstream is configured for model '{model}'")]
     ModelNotRouted { model: String },
     #[error("Invalid or missing API key. Send a ctxproxy key as 'Authorization: Bearer <key>'.")]
@@ -63,6 +67,7 @@ impl ProxyError {
         match self {
             ProxyError::MalformedJson { .. }
             | ProxyError::InvalidField { .. }
+            | ProxyError::MissingField { .. }
             | ProxyError::InvalidBody(_)
             | ProxyError::InvalidHeader { .. }
             | ProxyError::ContextBudgetExceeded { .. } => StatusCode::BAD_REQUEST,
@@ -70,6 +75,7 @@ impl ProxyError {
             ProxyError::RouteNotFound { .. } | ProxyError::ModelNotRouted { .. } => {
                 StatusCode::NOT_FOUND
             }
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -96,11 +102,13 @@ impl ProxyError {
         match self {
             ProxyError::MalformedJson { .. } => "invalid_json",
             ProxyError::InvalidField { .. } => "invalid_value",
+            ProxyError::MissingField { .. } => "missing_required_parameter",
             ProxyError::InvalidBody(_) => "invalid_body",
             ProxyError::InvalidHeader { .. } => "invalid_header",
             ProxyError::ContextBudgetExceeded { .. } => "context_budget_exceeded",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
             ProxyError::RouteNotFound { .. } => "unknown_url",
+            ProxyError::MethodNotAllowed { .. } => "method_not_allowed",
             ProxyError::ModelNotRouted { .. } => "model_not_found",
             ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
@@ -113,7 +121,9 @@ impl ProxyError {
 
     fn param(&self) -> Option<String> {
         match self {
-            ProxyError::InvalidField { field, .. } => Some(field.clone()),
+            ProxyError::InvalidField { field, .. } | ProxyError::MissingField { field } => {
+                Some(field.clone())
+            }
             ProxyError::ModelNotRouted { .. } => Some("model".to_owned()),
             ProxyError::InvalidHeader { header, .. } => Some((*header).to_owned()),
             ProxyError::ContextBudgetExceeded { .. } => Some("messages".to_owned()),
@@ -136,6 +146,19 @@ impl ProxyError {
     pub fn from_json(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
         let path = err.path().to_string();
         let inner = err.into_inner();
+        let message = strip_position(&inner);
+        // "missing field `model`" at the root, or inside `messages[0]`: name the field.
+        if let Some(name) = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.strip_suffix('`'))
+        {
+            let field = if path == "." {
+                name.to_owned()
+            } else {
+                format!("{path}.{name}")
+            };
+            return ProxyError::MissingField { field };
+        }
         match inner.classify() {
             serde_json::error::Category::Data if path != "." => ProxyError::InvalidField {
                 field: path,
@@ -203,6 +226,13 @@ mod tests {
         assert_eq!(body.error.param.as_deref(), Some("messages[0].content"));
         assert_eq!(body.error.code.as_deref(), Some("invalid_value"));
         let err = parse(r#"{"messages":[]}"#);
-        assert!(err.to_string().contains("missing field `model`"), "{err}");
+        assert_eq!(err.to_string(), "Missing required parameter: 'model'");
+        assert_eq!(err.body().error.param.as_deref(), Some("model"));
+        let err = parse(r#"{"model":"x","messages":[{"content":"hi"}]}"#);
+        assert_eq!(err.body().error.param.as_deref(), Some("messages[0].role"));
+        assert_eq!(
+            err.body().error.code.as_deref(),
+            Some("missing_required_parameter")
+        );
     }
 }

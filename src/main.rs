@@ -100,6 +100,7 @@ fn main() -> ExitCode {
                 Err(e) => return config_error(&config, &e),
             };
             let tokenizers = ctxproxy::tokens::Tokenizers::default();
+            tokenizers.warm_up();
             let Some(file) = file.filter(|_| !growth) else {
                 let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
                 if json {
@@ -177,6 +178,7 @@ async fn serve(config: Config) -> Result<(), String> {
     telemetry::init(&config.log);
     let listen = config.server.listen;
     let state = AppState::new(config).map_err(|e| e.to_string())?;
+    state.tokenizers.warm_up();
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

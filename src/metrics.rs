@@ -26,6 +26,7 @@ pub struct Metrics {
     pub prompt_tokens: IntCounterVec,
     /// `stage` ∈ the pipeline's stage names.
     pub tokens_saved: IntCounterVec,
+    pub tokens_saveable: IntCounterVec,
     pub pipeline_duration: Histogram,
     /// `outcome` ∈ fit, rejected, forwarded.
     pub budget_outcomes: IntCounterVec,
@@ -97,6 +98,13 @@ impl Metrics {
             ),
             &["stage"],
         )?;
+        let tokens_saveable = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_observe_tokens_saveable_total",
+                "Prompt tokens each pipeline stage would have removed from requests forwarded unchanged in observe mode.",
+            ),
+            &["stage"],
+        )?;
         let pipeline_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "ctxproxy_pipeline_duration_seconds",
@@ -120,11 +128,13 @@ impl Metrics {
         registry.register(Box::new(build_info.clone()))?;
         registry.register(Box::new(prompt_tokens.clone()))?;
         registry.register(Box::new(tokens_saved.clone()))?;
+        registry.register(Box::new(tokens_saveable.clone()))?;
         registry.register(Box::new(pipeline_duration.clone()))?;
         registry.register(Box::new(budget_outcomes.clone()))?;
         Ok(Metrics {
             prompt_tokens,
             tokens_saved,
+            tokens_saveable,
             pipeline_duration,
             budget_outcomes,
             registry,

@@ -149,6 +149,38 @@ async fn observe_forwards_the_original_and_off_reports_nothing() {
     assert_eq!(bad.status(), 400);
     let error: Value = bad.json().await.unwrap();
     assert_eq!(error["error"]["param"], "X-Ctxproxy-Mode");
+
+    // Observe counts the original as sent and what it would have saved apart.
+    let metrics = metrics_text(&proxy.url("/metrics")).await;
+    assert_eq!(
+        sum_of(&metrics, "ctxproxy_prompt_tokens_total{phase=\"sent\"}"),
+        before
+    );
+    assert_eq!(sum_of(&metrics, "ctxproxy_tokens_saved_total{"), 0);
+    assert_eq!(
+        sum_of(&metrics, "ctxproxy_observe_tokens_saveable_total{"),
+        before - after
+    );
+}
+
+async fn metrics_text(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of the samples whose line starts with `needle`.
+fn sum_of(metrics: &str, needle: &str) -> usize {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(needle))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum()
 }
 
 #[tokio::test]
@@ -217,21 +249,8 @@ async fn savings_are_counted_in_metrics() {
     )
     .await;
     let (before, after) = counts(&response);
-    let metrics = client()
-        .get(proxy.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let value = |needle: &str| -> usize {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(needle))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<usize>().unwrap())
-            .sum()
-    };
+    let metrics = metrics_text(&proxy.url("/metrics")).await;
+    let value = |needle: &str| sum_of(&metrics, needle);
     assert_eq!(
         value("ctxproxy_prompt_tokens_total{phase=\"original\"}"),
         before

@@ -579,3 +579,24 @@ async fn health_readiness_and_metrics() {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
 }
+
+#[tokio::test]
+async fn unknown_routes_and_wrong_methods_get_openai_errors() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let client = client();
+    let (status, error) = error_of(
+        client
+            .get(proxy.url("/v1/ctxproxy/explain"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let (status, error) = error_of(client.get(proxy.url("/nope")).send().await.unwrap()).await;
+    assert_eq!((status, error["code"].as_str()), (404, Some("unknown_url")));
+}

@@ -98,9 +98,14 @@ pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/mock/stats", get(stats_json))
+        // Recorded agent requests reach several MB; a real API takes them.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);
     (router, stats)
 }
+
+/// The largest request body the mock accepts.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Serves the mock until `shutdown` resolves.
 pub async fn serve(

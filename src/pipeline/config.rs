@@ -216,6 +216,12 @@ impl PipelineConfig {
         if !(0.0..=1.0).contains(&w.continuity_low) || !(0.0..=1.0).contains(&w.continuity_high) {
             return err("window", "continuity thresholds must be between 0 and 1");
         }
+        if w.continuity_low > w.continuity_high {
+            return err(
+                "window.continuity_low",
+                "must not be greater than window.continuity_high",
+            );
+        }
         if self.budget.max_tokens == 0 {
             return err("budget.max_tokens", "must be greater than 0");
         }

@@ -61,6 +61,8 @@ pub async fn chat_completions(
                     .with_label_values(&[outcome])
                     .inc();
                 record_savings(&state, &rewrite);
+            } else {
+                record_observed(&state, &rewrite);
             }
             let counts = (report.tokens_before, report.tokens_after);
             match (mode, rewrite.changed()) {
@@ -199,6 +201,25 @@ fn rewrite(
         .pipeline_duration
         .observe(started.elapsed().as_secs_f64());
     Ok(rewrite)
+}
+
+/// Observe mode sends the original: prompt tokens count it as sent, and what the pipeline
+/// would have saved goes to its own counter.
+fn record_observed(state: &SharedState, rewrite: &Rewrite) {
+    let metrics = &state.metrics;
+    let report = &rewrite.report;
+    for phase in ["original", "sent"] {
+        metrics
+            .prompt_tokens
+            .with_label_values(&[phase])
+            .inc_by(report.tokens_before as u64);
+    }
+    for (stage, saved) in report.savings_by_stage() {
+        metrics
+            .tokens_saveable
+            .with_label_values(&[stage])
+            .inc_by(saved as u64);
+    }
 }
 
 fn record_savings(state: &SharedState, rewrite: &Rewrite) {

@@ -86,6 +86,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/ctxproxy/explain", post(chat::explain))
         .route("/v1/{*rest}", any(passthrough::forward))
         .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::observe,

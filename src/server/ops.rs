@@ -42,3 +42,10 @@ pub async fn not_found(request: Request) -> ProxyError {
         path: request.uri().path().to_owned(),
     }
 }
+
+pub async fn method_not_allowed(request: Request) -> ProxyError {
+    ProxyError::MethodNotAllowed {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+    }
+}
