@@ -206,7 +206,9 @@ pub fn growth(config: &Config, tokenizers: &Tokenizers, lengths: &[usize]) -> Ve
 }
 
 pub fn render_growth(rows: &[GrowthRow]) -> String {
-    let mut out = String::from("turns      bytes   tokens before   tokens sent   history sent   pipeline µs\n");
+    let mut out = String::from(
+        "turns      bytes   tokens before   tokens sent   history sent   pipeline µs\n",
+    );
     for row in rows {
         out.push_str(&format!(
             "{:>5} {:>10} {:>15} {:>13} {:>14} {:>13.0}\n",

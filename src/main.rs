@@ -104,7 +104,10 @@ fn main() -> ExitCode {
             let Some(file) = file.filter(|_| !growth) else {
                 let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&rows).unwrap_or_default()
+                    );
                 } else {
                     print!("{}", ctxproxy::analyze::render_growth(&rows));
                 }

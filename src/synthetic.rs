@@ -57,7 +57,7 @@ fn reservation(turn: usize) -> Value {
         "reservation_id": format!("R{:05}", 31000 + turn * 7),
         "user_id": "mia_li_3668",
         "origin": "JFK",
-        "destination": if turn % 2 == 0 { "SEA" } else { "ORD" },
+        "destination": if turn.is_multiple_of(2) { "SEA" } else { "ORD" },
         "flight_type": "round_trip",
         "cabin": cabin,
         "flights": [
@@ -75,7 +75,7 @@ fn reservation(turn: usize) -> Value {
         "created_at": format!("2024-04-{:02}T10:{:02}:00", 1 + turn % 28, turn % 60),
         "total_baggages": turn % 3,
         "nonfree_baggages": turn % 2,
-        "insurance": if turn % 4 == 0 { "yes" } else { "no" },
+        "insurance": if turn.is_multiple_of(4) { "yes" } else { "no" },
         "membership": "gold",
         "notes": null,
         "policy": "Changes are allowed for a fee; basic economy cannot be modified after 24 hours. Refunds go to the original payment method within 7 business days. Travel insurance covers missed connections caused by the airline.",
@@ -139,7 +139,8 @@ pub fn conversation(turns: usize) -> Result<ChatRequest, serde_json::Error> {
             };
             let id = format!("call_{turn:04}");
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": arguments.to_string()}}]}));
-            messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
+            messages
+                .push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
         }
         messages.push(json!({
             "role": "assistant",

@@ -447,7 +447,11 @@ mod tests {
         for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
             for _ in 0..2 {
                 for text in texts {
-                    assert_eq!(encoding.count(text), encoding.tokenizer().count(text), "{text}");
+                    assert_eq!(
+                        encoding.count(text),
+                        encoding.tokenizer().count(text),
+                        "{text}"
+                    );
                 }
             }
         }

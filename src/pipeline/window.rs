@@ -37,46 +37,52 @@ impl Stage for WindowStage {
                 json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason}),
             );
         }
-            let (older, window) = turns.split_at(plan.start);
-            let segments = summary::count(older, cx);
-            let kept = summary::latest(older, cx.params.max_segments, cx);
-            let facts = if cx.config.facts.enabled {
-                let current = turns.last().map(Turn::user_text).unwrap_or_default();
-                facts::section(older, &current, cx)
-            } else {
-                facts::Section::default()
-            };
+        let (older, window) = turns.split_at(plan.start);
+        let segments = summary::count(older, cx);
+        let kept = summary::latest(older, cx.params.max_segments, cx);
+        let facts = if cx.config.facts.enabled {
+            let current = turns.last().map(Turn::user_text).unwrap_or_default();
+            facts::section(older, &current, cx)
+        } else {
+            facts::Section::default()
+        };
 
-            let mut messages: Vec<Message> = head.to_vec();
-            // Instructions found inside summarized turns (system stage off) are kept.
-            messages.extend(older.iter().flat_map(|t| t.instructions().cloned()));
-            messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
-            if !kept.is_empty() {
-                let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
-                add_section(&mut messages, &format!(
+        let mut messages: Vec<Message> = head.to_vec();
+        // Instructions found inside summarized turns (system stage off) are kept.
+        messages.extend(older.iter().flat_map(|t| t.instructions().cloned()));
+        messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
+        if !kept.is_empty() {
+            let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
+            add_section(
+                &mut messages,
+                &format!(
                     "<conversation_summary>\nEarlier turns, oldest first:\n{}\n</conversation_summary>",
                     lines.join("\n")
-                ));
-            }
-            if !facts.lines.is_empty() {
-                add_section(&mut messages, &format!(
-                    "<user_facts>\n{}\n</user_facts>",
-                    facts.lines.join("\n")
-                ));
-            }
-            let details = json!({
-                "turns": turns.len(),
-                "verbatim_turns": window.len(),
-                "target_turns": plan.target,
-                "continuity": plan.continuity,
-                "topic_shift_at_turn": plan.topic_shift.map(|i| i + 1),
-                "reason": plan.reason,
-                "summarized_turns": older.len(),
-                "segments": segments,
-                "segments_kept": kept.len(),
-                "facts": facts.lines.len(),
-            });
-            StageOutput { messages: Some(messages), details }
+                ),
+            );
+        }
+        if !facts.lines.is_empty() {
+            add_section(
+                &mut messages,
+                &format!("<user_facts>\n{}\n</user_facts>", facts.lines.join("\n")),
+            );
+        }
+        let details = json!({
+            "turns": turns.len(),
+            "verbatim_turns": window.len(),
+            "target_turns": plan.target,
+            "continuity": plan.continuity,
+            "topic_shift_at_turn": plan.topic_shift.map(|i| i + 1),
+            "reason": plan.reason,
+            "summarized_turns": older.len(),
+            "segments": segments,
+            "segments_kept": kept.len(),
+            "facts": facts.lines.len(),
+        });
+        StageOutput {
+            messages: Some(messages),
+            details,
+        }
     }
 }
 

@@ -138,18 +138,32 @@ fn domain_of(text: &str) -> Option<Domain> {
 fn classify(clause: &str) -> Option<(Option<Domain>, Option<&'static str>, &str)> {
     let (marker, domain, subject) = MARKERS.iter().find(|(m, _, _)| clause.starts_with(m))?;
     let rest = clause[marker.len()..].trim_start();
-    if domain.is_none() {
-        if let Some(inner) = classify(rest) {
-            return Some(inner);
-        }
+    if domain.is_none()
+        && let Some(inner) = classify(rest)
+    {
+        return Some(inner);
     }
     Some((*domain, *subject, rest))
 }
 
 /// Words that may open a clause before its marker ("and from now on…", "por favor recorda…").
 const FILLERS: &[&str] = &[
-    "please ", "also ", "and ", "so ", "oh ", "btw ", "actually ", "ok ", "okay ", "well ",
-    "por favor ", "tambien ", "y ", "bueno ", "ah ", "ojo ",
+    "please ",
+    "also ",
+    "and ",
+    "so ",
+    "oh ",
+    "btw ",
+    "actually ",
+    "ok ",
+    "okay ",
+    "well ",
+    "por favor ",
+    "tambien ",
+    "y ",
+    "bueno ",
+    "ah ",
+    "ojo ",
 ];
 
 fn without_fillers(clause: &str) -> &str {

@@ -13,10 +13,8 @@ use serde_json::{Map, Value, json};
 use super::turns::Turn;
 use crate::openai::{Message, Role};
 use crate::pipeline::StageCx;
+use crate::pipeline::text::{content_words, identifiers, normalize, sentences, truncate_words};
 use crate::tokens::hash_message;
-use crate::pipeline::text::{
-    content_words, identifiers, normalize, sentences, truncate_words,
-};
 
 pub struct Segment {
     pub line: Arc<str>,

@@ -178,6 +178,9 @@ mod tests {
             {"role": "user", "content": "and its typing module?"}
         ]));
         let (_, turns) = split_turns(&all);
-        assert_eq!(last_topic_shift(&turns, 0, &WindowConfig::default()), Some(1));
+        assert_eq!(
+            last_topic_shift(&turns, 0, &WindowConfig::default()),
+            Some(1)
+        );
     }
 }
