@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PipelineConfig;
+use crate::store::StoreConfig;
 use crate::tokens::Encoding;
 
 const ENV_PREFIX: &str = "CTXPROXY_";
@@ -53,6 +54,7 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     pub auth: RawAuth,
     pub pipeline: PipelineConfig,
+    pub store: StoreConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -201,6 +203,7 @@ pub struct Config {
     /// SHA-256 of each accepted key → tenant. Empty: auth off, every request is tenant `default`.
     pub auth_keys: HashMap<[u8; 32], String>,
     pub pipeline: PipelineConfig,
+    pub store: StoreConfig,
     /// The file as given plus defaults and overrides, for `check-config`.
     pub raw: RawConfig,
 }
@@ -446,6 +449,9 @@ impl RawConfig {
         self.pipeline
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        self.store
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         Ok(Config {
             server: server_config,
             log,
@@ -454,6 +460,7 @@ impl RawConfig {
             routes,
             auth_keys,
             pipeline: self.pipeline.clone(),
+            store: self.store.clone(),
             raw: self,
         })
     }

@@ -12,6 +12,7 @@ pub mod mock_upstream; // the fake OpenAI model for tests and load runs
 pub mod openai; // lossless wire types and SSE parsing
 pub mod pipeline; // the rewriting stages (pure)
 pub mod server; // routes, middleware, handlers, shutdown
+pub mod store; // Redis / in-memory key-value store with breaker and fallback
 pub mod synthetic; // generated conversations for benchmarks and the growth report
 pub mod telemetry; // tracing setup
 pub mod tokens; // BPE token counting (o200k/cl100k) with a per-message cache

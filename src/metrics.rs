@@ -30,6 +30,8 @@ pub struct Metrics {
     pub pipeline_duration: Histogram,
     /// `outcome` ∈ fit, rejected, forwarded.
     pub budget_outcomes: IntCounterVec,
+    pub store_errors: IntCounterVec,
+    pub store_up: IntGauge,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -38,6 +40,13 @@ const PIPELINE_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
+    pub fn store(&self) -> crate::store::StoreMetrics {
+        crate::store::StoreMetrics {
+            errors: self.store_errors.clone(),
+            up: self.store_up.clone(),
+        }
+    }
+
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
@@ -120,6 +129,17 @@ impl Metrics {
             &["outcome"],
         )?;
 
+        let store_errors = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_store_errors_total",
+                "Store operations that failed or timed out (each treated as a miss), by operation.",
+            ),
+            &["op"],
+        )?;
+        let store_up = IntGauge::new(
+            "ctxproxy_store_up",
+            "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(request_duration.clone()))?;
         registry.register(Box::new(upstream_duration.clone()))?;
@@ -131,12 +151,16 @@ impl Metrics {
         registry.register(Box::new(tokens_saveable.clone()))?;
         registry.register(Box::new(pipeline_duration.clone()))?;
         registry.register(Box::new(budget_outcomes.clone()))?;
+        registry.register(Box::new(store_errors.clone()))?;
+        registry.register(Box::new(store_up.clone()))?;
         Ok(Metrics {
             prompt_tokens,
             tokens_saved,
             tokens_saveable,
             pipeline_duration,
             budget_outcomes,
+            store_errors,
+            store_up,
             registry,
             requests,
             request_duration,

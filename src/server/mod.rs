@@ -28,6 +28,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::pipeline;
+use crate::store::Store;
 use crate::tokens::Tokenizers;
 use crate::upstream::Upstreams;
 
@@ -39,6 +40,8 @@ pub struct AppState {
     pub tokenizers: Tokenizers,
     /// Segment summaries shared by every request (see `pipeline::Memo`).
     pub memo: pipeline::Memo,
+    /// Conversation state and caches (Redis, or memory).
+    pub store: Store,
     limiter: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
@@ -51,12 +54,15 @@ pub enum StartError {
     Metrics(#[from] prometheus::Error),
     #[error("upstream client: {0}")]
     Upstream(#[from] std::io::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl AppState {
     pub fn new(config: Config) -> Result<SharedState, StartError> {
         let upstreams = Upstreams::new(&config)?;
         let metrics = Metrics::new()?;
+        let store = Store::new(&config.store, metrics.store())?;
         Ok(Arc::new(AppState {
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
             config: Arc::new(config),
@@ -64,6 +70,7 @@ impl AppState {
             metrics,
             tokenizers: Tokenizers::default(),
             memo: pipeline::Memo::default(),
+            store,
             shutting_down: AtomicBool::new(false),
         }))
     }

@@ -15,14 +15,22 @@ pub async fn healthz() -> impl IntoResponse {
 }
 
 /// Ready to take traffic: not shutting down.
+/// Ready unless shutting down. A store outage does not make a replica unready (requests are
+/// served, from memory), but the body reports it.
 pub async fn readyz(State(state): State<SharedState>) -> impl IntoResponse {
+    let store = &state.store;
+    let store_up = store.ping().await;
+    let store = json!({"backend": store.backend(), "up": store_up, "serving": store.serving()});
     if state.is_shutting_down() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down"})),
+            Json(json!({"status": "shutting_down", "store": store})),
         )
     } else {
-        (StatusCode::OK, Json(json!({"status": "ready"})))
+        (
+            StatusCode::OK,
+            Json(json!({"status": "ready", "store": store})),
+        )
     }
 }
 

@@ -68,8 +68,27 @@ impl Proxy {
     }
 }
 
-/// Starts ctxproxy with `toml` (plus `env` for overrides and upstream keys).
-pub async fn start_proxy_with_env(toml: &str, env: Vec<(String, String)>) -> Proxy {
+/// The Redis the tests use (the test command exports it; the machine's default otherwise).
+pub fn redis_url() -> String {
+    std::env::var("CTXPROXY_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix no other test (or run) uses.
+pub fn unique_prefix(name: &str) -> String {
+    format!("ctxproxy-test:{name}:{}:", uuid::Uuid::new_v4().simple())
+}
+
+/// Starts ctxproxy with `toml` (plus `env` for overrides and upstream keys). Unless `env` says
+/// otherwise, the store is the test Redis under a key prefix of this proxy's own.
+pub async fn start_proxy_with_env(toml: &str, mut env: Vec<(String, String)>) -> Proxy {
+    for (key, value) in [
+        ("CTXPROXY_STORE_REDIS_URL", redis_url()),
+        ("CTXPROXY_STORE_KEY_PREFIX", unique_prefix("proxy")),
+    ] {
+        if !env.iter().any(|(k, _)| k == key) {
+            env.push((key.to_owned(), value));
+        }
+    }
     let config = Config::from_toml(toml, env).unwrap();
     let state = AppState::new(config).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,0 +1,240 @@
+//! The store every stateful feature uses (sticky tool categories, caches): get, set with TTL,
+//! delete, and capped lists, behind one small trait with a Redis and an in-memory backend.
+//!
+//! `Store` is what callers use. It prefixes keys, bounds every operation in time, counts errors
+//! and treats them as misses (a request never fails because of the store), and while Redis is
+//! down (circuit breaker open) serves from memory without waiting.
+
+mod breaker;
+pub mod config;
+mod memory;
+mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, IntGauge};
+
+use self::breaker::Breaker;
+pub use self::config::StoreConfig;
+pub use self::memory::MemoryBackend;
+pub use self::redis::RedisBackend;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("the operation exceeded its time budget")]
+    Timeout,
+    #[error("the in-memory store's lock was poisoned")]
+    Poisoned,
+}
+
+/// What a key-value backend offers. Keys arrive prefixed; values are opaque bytes.
+pub trait Backend: Send + Sync {
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Puts `value` first in the list at `key`, keeps the newest `max_len` items and refreshes
+    /// the list's TTL.
+    fn push_capped(
+        &self,
+        key: &str,
+        value: &[u8],
+        max_len: usize,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The list at `key`, newest first (empty when absent).
+    fn list(&self, key: &str) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send;
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The store's two metrics, defined in `metrics.rs`.
+#[derive(Clone)]
+pub struct StoreMetrics {
+    pub errors: IntCounterVec,
+    pub up: IntGauge,
+}
+
+pub struct Store {
+    prefix: String,
+    redis: Option<RedisBackend>,
+    memory: MemoryBackend,
+    breaker: Breaker,
+    timeout: Duration,
+    metrics: StoreMetrics,
+}
+
+/// Where a call was served.
+enum Target<'a> {
+    Redis(&'a RedisBackend),
+    Memory(&'a MemoryBackend),
+}
+
+impl Store {
+    pub fn new(config: &StoreConfig, metrics: StoreMetrics) -> Result<Store, StoreError> {
+        let redis = match config.backend {
+            config::Backend::Redis => Some(RedisBackend::new(config)?),
+            config::Backend::Memory => None,
+        };
+        metrics.up.set(1);
+        Ok(Store {
+            prefix: config.key_prefix.clone(),
+            redis,
+            memory: MemoryBackend::new(config.memory_max_entries),
+            breaker: Breaker::new(
+                config.breaker_failures,
+                Duration::from_millis(config.breaker_probe_ms),
+            ),
+            timeout: Duration::from_millis(config.op_timeout_ms),
+            metrics,
+        })
+    }
+
+    /// `redis` or `memory`: the backend serving calls right now.
+    pub fn serving(&self) -> &'static str {
+        match (&self.redis, self.breaker.is_closed()) {
+            (Some(_), true) => "redis",
+            _ => "memory",
+        }
+    }
+
+    /// False while the configured Redis is unreachable (calls are served from memory).
+    pub fn is_up(&self) -> bool {
+        self.redis.is_none() || self.breaker.is_closed()
+    }
+
+    pub fn backend(&self) -> &'static str {
+        if self.redis.is_some() {
+            "redis"
+        } else {
+            "memory"
+        }
+    }
+
+    fn target(&self) -> Target<'_> {
+        match &self.redis {
+            Some(redis) if self.breaker.allow() => Target::Redis(redis),
+            _ => Target::Memory(&self.memory),
+        }
+    }
+
+    /// Runs one operation on the current target, within the time budget; failures are
+    /// counted under `op` and returned as `None`.
+    async fn run<T, R, M>(&self, op: &'static str, on_redis: R, on_memory: M) -> Option<T>
+    where
+        R: AsyncFnOnce(&RedisBackend) -> Result<T, StoreError>,
+        M: AsyncFnOnce(&MemoryBackend) -> Result<T, StoreError>,
+    {
+        let result = match self.target() {
+            Target::Redis(redis) => {
+                let result = tokio::time::timeout(self.timeout, on_redis(redis))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout));
+                match &result {
+                    Ok(_) => self.breaker.success(),
+                    Err(e) => self.breaker.failure(&e.to_string()),
+                }
+                self.metrics.up.set(i64::from(self.breaker.is_closed()));
+                result
+            }
+            Target::Memory(memory) => on_memory(memory).await,
+        };
+        match result {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.metrics.errors.with_label_values(&[op]).inc();
+                tracing::debug!(op, error = %e, "store operation failed; treated as a miss");
+                None
+            }
+        }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub async fn get(&self, key: &str) -> Option<Vec<u8>> {
+        let key = self.key(key);
+        self.run(
+            "get",
+            async |r| r.get(&key).await,
+            async |m| m.get(&key).await,
+        )
+        .await
+        .flatten()
+    }
+
+    pub async fn set(&self, key: &str, value: &[u8], ttl: Duration) {
+        let key = self.key(key);
+        self.run(
+            "set",
+            async |r| r.set(&key, value, ttl).await,
+            async |m| m.set(&key, value, ttl).await,
+        )
+        .await;
+    }
+
+    pub async fn delete(&self, key: &str) {
+        let key = self.key(key);
+        self.run(
+            "delete",
+            async |r| r.delete(&key).await,
+            async |m| m.delete(&key).await,
+        )
+        .await;
+    }
+
+    pub async fn push_capped(&self, key: &str, value: &[u8], max_len: usize, ttl: Duration) {
+        let key = self.key(key);
+        self.run(
+            "push",
+            async |r| r.push_capped(&key, value, max_len, ttl).await,
+            async |m| m.push_capped(&key, value, max_len, ttl).await,
+        )
+        .await;
+    }
+
+    pub async fn list(&self, key: &str) -> Vec<Vec<u8>> {
+        let key = self.key(key);
+        self.run(
+            "list",
+            async |r| r.list(&key).await,
+            async |m| m.list(&key).await,
+        )
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Checks Redis now (for startup and `/readyz`): a success closes the breaker.
+    pub async fn ping(&self) -> bool {
+        self.run("ping", async |r| r.ping().await, async |m| m.ping().await)
+            .await
+            .is_some()
+            && self.is_up()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The behavioural suite shared by both backends is in `tests/store.rs`.
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_backend_stays_bounded() {
+        let memory = MemoryBackend::new(10);
+        for i in 0..50 {
+            memory
+                .set(&format!("k{i}"), b"v", Duration::from_secs(60 + i))
+                .await
+                .unwrap();
+        }
+        assert!(memory.entry_count() <= 10, "{}", memory.entry_count());
+        assert_eq!(memory.get("k49").await.unwrap(), Some(b"v".to_vec()));
+    }
+}
