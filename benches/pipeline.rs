@@ -15,10 +15,13 @@ use ctxproxy::tokens::{Encoding, TokenCounter};
 fn rewrite(request: &ChatRequest, config: &PipelineConfig, caches: &(TokenCounter, Memo)) {
     let rewrite = pipeline::run(
         std::hint::black_box(request),
-        config,
-        &caches.0,
-        &caches.1,
-        config.budget.max_tokens,
+        &pipeline::Env {
+            config,
+            counter: &caches.0,
+            memo: &caches.1,
+            budget: config.budget.max_tokens,
+            sticky_categories: &[],
+        },
     );
     std::hint::black_box(rewrite);
 }

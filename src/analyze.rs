@@ -113,12 +113,17 @@ pub fn analyze(
         };
         let counter = tokenizers.for_model(&request.model, None);
         let started = Instant::now();
+        // The store would hold the categories of the previous turn's tools.
+        let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline);
         let rewrite = pipeline::run(
             &request,
-            &config.pipeline,
-            counter,
-            &memo,
-            config.pipeline.budget.max_tokens,
+            &pipeline::Env {
+                config: &config.pipeline,
+                counter,
+                memo: &memo,
+                budget: config.pipeline.budget.max_tokens,
+                sticky_categories: &sticky,
+            },
         );
         micros.push(started.elapsed().as_secs_f64() * 1e6);
         let report = &rewrite.report;
@@ -185,10 +190,13 @@ pub fn growth(config: &Config, tokenizers: &Tokenizers, lengths: &[usize]) -> Ve
         let started = Instant::now();
         let rewrite = pipeline::run(
             &request,
-            &config.pipeline,
-            counter,
-            &memo,
-            config.pipeline.budget.max_tokens,
+            &pipeline::Env {
+                config: &config.pipeline,
+                counter,
+                memo: &memo,
+                budget: config.pipeline.budget.max_tokens,
+                sticky_categories: &[],
+            },
         );
         let pipeline_micros = started.elapsed().as_secs_f64() * 1e6;
         let (system_before, _) = prompt_split(&request, tokenizers);

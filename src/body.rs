@@ -118,6 +118,89 @@ where
     }
 }
 
+/// Sees every data frame of a body as it passes, and how the body ended (response-side
+/// features: sticky tool categories, caches).
+pub trait BodyObserver: Send + 'static {
+    fn on_data(&mut self, data: &Bytes);
+    fn on_end(self: Box<Self>, end: BodyEnd);
+}
+
+pin_project! {
+    /// Passes a body through unchanged, showing it to an observer.
+    pub struct TapBody<B>
+    where
+        B: Body,
+    {
+        #[pin]
+        inner: B,
+        observer: Option<Box<dyn BodyObserver>>,
+    }
+
+    impl<B> PinnedDrop for TapBody<B>
+    where
+        B: Body,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(observer) = this.observer.take() {
+                let end = if this.inner.is_end_stream() { BodyEnd::Complete } else { BodyEnd::Dropped };
+                observer.on_end(end);
+            }
+        }
+    }
+}
+
+impl<B: Body> TapBody<B> {
+    pub fn new(inner: B, observer: Box<dyn BodyObserver>) -> Self {
+        TapBody {
+            inner,
+            observer: Some(observer),
+        }
+    }
+}
+
+impl<B> Body for TapBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let polled = ready!(this.inner.as_mut().poll_frame(cx));
+        if let (Some(Ok(frame)), Some(observer)) = (&polled, this.observer.as_mut())
+            && let Some(data) = frame.data_ref()
+        {
+            observer.on_data(data);
+        }
+        let end = match &polled {
+            None => Some(BodyEnd::Complete),
+            Some(Err(_)) => Some(BodyEnd::Failed),
+            Some(Ok(_)) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
+            Some(Ok(_)) => None,
+        };
+        if let Some(end) = end
+            && let Some(observer) = this.observer.take()
+        {
+            observer.on_end(end);
+        }
+        Poll::Ready(polled.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 pin_project! {
     /// Re-frames an SSE body so that each frame is one whole event (one flush per event).
     pub struct SseEventBody<B> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PipelineConfig;
+use crate::pipeline::config::ToolsConfig;
 use crate::store::StoreConfig;
 use crate::tokens::Encoding;
 
@@ -54,6 +55,7 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     pub auth: RawAuth,
     pub pipeline: PipelineConfig,
+    pub tools: ToolsConfig,
     pub store: StoreConfig,
 }
 
@@ -446,7 +448,9 @@ impl RawConfig {
             auth_keys.insert(digest, key.tenant.clone());
         }
 
-        self.pipeline
+        let mut pipeline = self.pipeline.clone();
+        pipeline.tools = self.tools.clone();
+        pipeline
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.store
@@ -459,7 +463,7 @@ impl RawConfig {
             default_upstream,
             routes,
             auth_keys,
-            pipeline: self.pipeline.clone(),
+            pipeline,
             store: self.store.clone(),
             raw: self,
         })

@@ -19,10 +19,13 @@ fn rewrite(name: &str) -> Value {
     let counter = TokenCounter::new(Encoding::O200kBase);
     let rewrite = pipeline::run(
         &request,
-        &PipelineConfig::default(),
-        &counter,
-        &Memo::default(),
-        budget,
+        &pipeline::Env {
+            config: &PipelineConfig::default(),
+            counter: &counter,
+            memo: &Memo::default(),
+            budget,
+            sticky_categories: &[],
+        },
     );
     json!({"report": rewrite.report, "request": rewrite.request})
 }

@@ -170,7 +170,14 @@ proptest! {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = pipeline::Memo::default();
         let config = PipelineConfig::default();
-        let rewrite = pipeline::run(&request, &config, &counter, &memo, budget);
+        let env = pipeline::Env {
+            config: &config,
+            counter: &counter,
+            memo: &memo,
+            budget,
+            sticky_categories: &[],
+        };
+        let rewrite = pipeline::run(&request, &env);
         let output = &rewrite.request;
 
         assert_valid(output);
@@ -178,7 +185,7 @@ proptest! {
         prop_assert_eq!(serde_json::to_value(last_user(output)).unwrap(), serde_json::to_value(last_user(&request)).unwrap());
         prop_assert!(counter.request(output) <= counter.request(&request));
         prop_assert_eq!(rewrite.report.tokens_after, counter.request(output));
-        let again = pipeline::run(&request, &config, &counter, &memo, budget);
+        let again = pipeline::run(&request, &env);
         prop_assert_eq!(&again.request, output);
 
         let originals: std::collections::HashMap<String, String> = tool_texts(&request).into_iter().collect();

@@ -101,6 +101,7 @@ impl Stage for CompactStage {
         }
         StageOutput {
             messages,
+            tools: None,
             details: json!({"cleared": cleared, "json_compacted": json_compacted, "text_compacted": text_compacted}),
         }
     }
@@ -446,6 +447,7 @@ mod current_turn_tests {
             params: &params,
             counter: &counter,
             memo: &crate::pipeline::Memo::default(),
+            sticky_categories: &[],
         };
         assert!(CompactStage.apply(&request, &cx).messages.is_none());
         assert_eq!(

@@ -34,6 +34,9 @@ pub struct PipelineConfig {
     pub facts: FactsConfig,
     pub compact: CompactConfig,
     pub budget: BudgetConfig,
+    /// Read from the top-level `[tools]` section (see `Config`).
+    #[serde(skip)]
+    pub tools: ToolsConfig,
 }
 
 impl Default for PipelineConfig {
@@ -45,8 +48,70 @@ impl Default for PipelineConfig {
             facts: FactsConfig::default(),
             compact: CompactConfig::default(),
             budget: BudgetConfig::default(),
+            tools: ToolsConfig::default(),
         }
     }
+}
+
+/// `[tools]`: tool filtering by category (seed 000 Fase 1, seed 001 §4).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    pub enabled: bool,
+    /// `[[tools.categories]]`: named groups of tools with the words that call for them.
+    pub categories: Vec<ToolCategory>,
+    /// Tools (names or `*` globs) never filtered.
+    pub always: Vec<String>,
+    /// When no category matches and the conversation has no sticky categories.
+    pub on_no_match: OnNoMatch,
+    /// Earlier turns read as context, and the characters read of each of their messages.
+    pub context_turns: usize,
+    pub context_chars: usize,
+    /// Weight of a keyword found in the context (one in the current message weighs 1).
+    pub context_weight: f64,
+    /// Score a category needs to be selected.
+    pub min_score: f64,
+    /// A name-derived category holding more tools than this is split by the tools' last name
+    /// segment (`github_list_issues` → `github.issue`).
+    pub derived_max_tools: usize,
+    /// How long a conversation's sticky categories live without a new tool-using turn.
+    pub sticky_ttl_secs: u64,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            enabled: true,
+            categories: Vec::new(),
+            always: Vec::new(),
+            on_no_match: OnNoMatch::DropAll,
+            context_turns: 3,
+            context_chars: 150,
+            context_weight: 0.3,
+            min_score: 1.0,
+            derived_max_tools: 8,
+            sticky_ttl_secs: 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolCategory {
+    pub name: String,
+    /// Words or phrases, any language; matched case- and accent-insensitively.
+    pub keywords: Vec<String>,
+    /// Tool names or `*` globs.
+    pub tools: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnNoMatch {
+    /// Send no tools (seed 000): the answer is text.
+    DropAll,
+    /// Send every tool.
+    KeepAll,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -224,6 +289,14 @@ impl PipelineConfig {
         }
         if self.budget.max_tokens == 0 {
             return err("budget.max_tokens", "must be greater than 0");
+        }
+        for category in &self.tools.categories {
+            if category.name.trim().is_empty() || category.tools.is_empty() {
+                return Err((
+                    "tools.categories".to_owned(),
+                    "every category needs a name and at least one tool".to_owned(),
+                ));
+            }
         }
         if self.compact.tool_result_max_tokens == 0 {
             return err("compact.tool_result_max_tokens", "must be greater than 0");

@@ -11,6 +11,7 @@ pub mod config;
 mod memo;
 mod system;
 mod text;
+pub mod tools;
 mod window;
 
 use std::borrow::Cow;
@@ -21,7 +22,7 @@ use serde_json::Value;
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 
-use crate::openai::{ChatRequest, Message};
+use crate::openai::{ChatRequest, Message, Nullable, Tool};
 use crate::tokens::TokenCounter;
 
 /// What one stage did to one request.
@@ -111,12 +112,26 @@ pub struct StageCx<'a> {
     pub params: &'a Params,
     pub counter: &'a TokenCounter,
     pub memo: &'a Memo,
+    /// Tool categories of this conversation's last tool-using turn (from the store).
+    pub sticky_categories: &'a [String],
 }
 
-/// What a stage produced: the new messages (`None` when it had nothing to change) and a
-/// description of what it did.
+/// What the pipeline runs with, besides the request.
+pub struct Env<'a> {
+    pub config: &'a PipelineConfig,
+    pub counter: &'a TokenCounter,
+    /// Saves work across calls; never changes a result.
+    pub memo: &'a Memo,
+    pub budget: usize,
+    pub sticky_categories: &'a [String],
+}
+
+/// What a stage produced: new messages and/or tools (`None` when unchanged) and a description
+/// of what it did.
 pub struct StageOutput {
     pub messages: Option<Vec<Message>>,
+    /// The tool definitions to send; an empty list removes tools (and `tool_choice`).
+    pub tools: Option<Vec<Tool>>,
     pub details: Value,
 }
 
@@ -124,6 +139,7 @@ impl StageOutput {
     fn unchanged(details: Value) -> StageOutput {
         StageOutput {
             messages: None,
+            tools: None,
             details,
         }
     }
@@ -142,26 +158,21 @@ pub trait Stage {
     }
 }
 
-/// The stages before the budget, in order. Tool filtering goes between window and compact.
-fn stages() -> [&'static dyn Stage; 3] {
+/// The stages before the budget, in order.
+fn stages() -> [&'static dyn Stage; 4] {
     [
         &system::SystemStage,
         &window::WindowStage,
+        &tools::ToolsStage,
         &compact::CompactStage,
     ]
 }
 
-/// Runs every enabled stage, then holds the result to `budget` tokens. `memo` only saves
-/// work across calls; it never changes the result.
-pub fn run(
-    request: &ChatRequest,
-    config: &PipelineConfig,
-    counter: &TokenCounter,
-    memo: &Memo,
-    budget: usize,
-) -> Rewrite {
+/// Runs every enabled stage, then holds the result to `env.budget` tokens.
+pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+    let (config, counter, budget) = (env.config, env.counter, env.budget);
     let params = Params::from_config(config);
-    let (rewritten, mut stages) = run_stages(request, config, &params, counter, memo);
+    let (rewritten, mut stages) = run_stages(request, env, &params);
     let tokens_before = stages
         .first()
         .map_or_else(|| counter.request(request), |s| s.tokens_before);
@@ -170,7 +181,7 @@ pub fn run(
 
     if config.budget.enabled && tokens_after > budget {
         let (fitted, report) = budget::fit(request, config, counter, budget, tokens_after, &|p| {
-            run_stages(request, config, p, counter, memo).0.into_owned()
+            run_stages(request, env, p).0.into_owned()
         });
         if report.applied {
             best = Cow::Owned(fitted);
@@ -202,21 +213,21 @@ pub fn run(
 
 fn run_stages<'a>(
     request: &'a ChatRequest,
-    config: &PipelineConfig,
+    env: &Env<'_>,
     params: &Params,
-    counter: &TokenCounter,
-    memo: &Memo,
 ) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
+    let (config, counter) = (env.config, env.counter);
     let cx = StageCx {
         config,
         params,
         counter,
-        memo,
+        memo: env.memo,
+        sticky_categories: env.sticky_categories,
     };
-    // These stages change messages only; the tool definitions' count is fixed.
-    let tool_tokens = counter.tools(request.tools.get().map_or(&[], Vec::as_slice));
+    let tool_tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice));
     let mut current = Cow::Borrowed(request);
-    let mut tokens = counter.messages(&request.messages) + tool_tokens;
+    let mut tools = tool_tokens(request);
+    let mut tokens = counter.messages(&request.messages) + tools;
     let mut reports = Vec::new();
     for stage in stages() {
         if !stage.enabled(config) {
@@ -231,13 +242,27 @@ fn run_stages<'a>(
             details: output.details,
         };
         if let Some(messages) = output.messages {
-            let after = counter.messages(&messages) + tool_tokens;
+            let after = counter.messages(&messages) + tools;
             if after < tokens || (stage.structural() && messages != current.messages) {
                 report.applied = true;
                 report.tokens_after = after;
                 tokens = after;
                 current = Cow::Owned(with_messages(current, messages));
             }
+        }
+        if let Some(kept) = output.tools {
+            let mut owned = current.into_owned();
+            if kept.is_empty() {
+                tools::without_tools(&mut owned);
+            } else {
+                owned.tools = Nullable::Value(kept);
+            }
+            let after_tools = tool_tokens(&owned);
+            tokens = tokens - tools + after_tools;
+            tools = after_tools;
+            report.applied = true;
+            report.tokens_after = tokens;
+            current = Cow::Owned(owned);
         }
         reports.push(report);
     }

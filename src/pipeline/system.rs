@@ -85,6 +85,7 @@ impl Stage for SystemStage {
         messages.extend(rest.into_iter().cloned());
         StageOutput {
             messages: Some(messages),
+            tools: None,
             details: json!({"merged": merged, "dropped_empty": dropped_empty, "dropped_duplicate": dropped_duplicate}),
         }
     }

@@ -81,6 +81,7 @@ impl Stage for WindowStage {
         });
         StageOutput {
             messages: Some(messages),
+            tools: None,
             details,
         }
     }

@@ -16,7 +16,10 @@ use serde_json::{Value, json};
 use super::{RequestContext, SharedState, read_body};
 use crate::error::ProxyError;
 use crate::openai::ChatRequest;
-use crate::pipeline::{self, Mode, OnExceed, Rewrite};
+use super::sticky::{self, StickyUpdate};
+use crate::body::BodyObserver;
+use crate::conversation::conversation_id;
+use crate::pipeline::{self, Mode, OnExceed, Rewrite, tools};
 use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end};
 
 const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
@@ -26,7 +29,7 @@ const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-af
 
 pub async fn chat_completions(
     State(state): State<SharedState>,
-    Extension(_context): Extension<RequestContext>,
+    Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, body) = request.into_parts();
@@ -34,11 +37,14 @@ pub async fn chat_completions(
     let chat = ChatRequest::parse(&bytes)?;
     let upstream = route(&state, &chat.model)?;
     let mode = mode_of(&parts.headers, state.config.pipeline.mode)?;
+    let conversation = uses_tool_state(&state, &chat, mode)
+        .then(|| conversation_id(context.tenant.as_str(), &parts.headers, &chat));
 
     let (body, counts) = match mode {
         Mode::Off => (bytes, None),
         Mode::Observe | Mode::Optimize => {
-            let rewrite = rewrite(&state, &chat, upstream, &parts.headers)?;
+            let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
+            let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
             let report = &rewrite.report;
             let over_budget = state.config.pipeline.budget.enabled && !report.fits;
             if mode == Mode::Optimize {
@@ -103,7 +109,14 @@ pub async fn chat_completions(
             &state.metrics,
         )
         .await?;
-    let mut response = upstream.relay(answer, &state.metrics);
+    let observer = conversation
+        .filter(|_| answer.response.status().is_success())
+        .map(|conversation| {
+            let streamed = is_event_stream(answer.response.headers());
+            Box::new(StickyUpdate::new(state.clone(), conversation, &chat, streamed))
+                as Box<dyn BodyObserver>
+        });
+    let mut response = upstream.relay(answer, &state.metrics, observer);
     if let Some((before, after)) = counts {
         let headers = response.headers_mut();
         headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
@@ -116,14 +129,17 @@ pub async fn chat_completions(
 /// report of every stage. The upstream is not called.
 pub async fn explain(
     State(state): State<SharedState>,
-    Extension(_context): Extension<RequestContext>,
+    Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Result<Json<Value>, ProxyError> {
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let chat = ChatRequest::parse(&bytes)?;
     let upstream = route(&state, &chat.model)?;
-    let rewrite = rewrite(&state, &chat, upstream, &parts.headers)?;
+    let conversation = uses_tool_state(&state, &chat, Mode::Optimize)
+        .then(|| conversation_id(context.tenant.as_str(), &parts.headers, &chat));
+    let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
+    let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
     let sent = if rewrite.changed() {
         serde_json::to_value(&rewrite.request)
     } else {
@@ -182,12 +198,45 @@ fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
     }
 }
 
+/// Whether this request reads and writes the conversation's sticky tool categories.
+fn uses_tool_state(state: &SharedState, chat: &ChatRequest, mode: Mode) -> bool {
+    mode != Mode::Off
+        && state.config.pipeline.tools.enabled
+        && chat.tools.get().is_some_and(|t| !t.is_empty())
+}
+
+/// The conversation's sticky categories: those stored after its last tool-using turn, plus
+/// those of the previous turn in the history the client sent (so a store outage loses
+/// nothing for clients that send their whole history).
+async fn sticky_categories(
+    state: &SharedState,
+    chat: &ChatRequest,
+    conversation: Option<&str>,
+) -> Vec<String> {
+    let Some(conversation) = conversation else {
+        return Vec::new();
+    };
+    let mut categories = sticky::load(state, conversation).await;
+    categories.extend(tools::previous_turn_categories(chat, &state.config.pipeline));
+    categories.sort();
+    categories.dedup();
+    categories
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// Runs the pipeline, timing it.
 fn rewrite(
     state: &SharedState,
     chat: &ChatRequest,
     upstream: &Upstream,
     headers: &HeaderMap,
+    sticky_categories: &[String],
 ) -> Result<Rewrite, ProxyError> {
     let config = &state.config.pipeline;
     let budget = budget_of(headers, config.budget.max_tokens)?;
@@ -195,7 +244,16 @@ fn rewrite(
         .tokenizers
         .for_model(&chat.model, upstream.config.tokenizer);
     let started = Instant::now();
-    let rewrite = pipeline::run(chat, config, counter, &state.memo, budget);
+    let rewrite = pipeline::run(
+        chat,
+        &pipeline::Env {
+            config,
+            counter,
+            memo: &state.memo,
+            budget,
+            sticky_categories,
+        },
+    );
     state
         .metrics
         .pipeline_duration

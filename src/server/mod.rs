@@ -8,6 +8,7 @@ mod chat;
 mod middleware;
 mod ops;
 mod passthrough;
+mod sticky;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 pub use headers::{apply_upstream_auth, end_to_end};
 
-use crate::body::{BodyEnd, ObservedBody, SseEventBody};
+use crate::body::{BodyEnd, BodyObserver, ObservedBody, SseEventBody, TapBody};
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
@@ -211,7 +211,12 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 impl Upstream {
     /// The client's response: the upstream's status, end-to-end headers and body, streamed, with
     /// the total deadline applied and SSE re-framed one event per frame.
-    pub fn relay(&self, answer: UpstreamResponse, metrics: &Metrics) -> Response<Body> {
+    pub fn relay(
+        &self,
+        answer: UpstreamResponse,
+        metrics: &Metrics,
+        observer: Option<Box<dyn BodyObserver>>,
+    ) -> Response<Body> {
         let UpstreamResponse {
             response,
             started,
@@ -238,11 +243,17 @@ impl Upstream {
             };
             errors.with_label_values(&[name.as_str(), kind]).inc();
         });
-        let body = if is_sse {
-            parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-            Body::new(SseEventBody::new(observed))
-        } else {
-            Body::new(observed)
+        let body = match (is_sse, observer) {
+            (true, Some(observer)) => {
+                parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+                Body::new(TapBody::new(SseEventBody::new(observed), observer))
+            }
+            (true, None) => {
+                parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+                Body::new(SseEventBody::new(observed))
+            }
+            (false, Some(observer)) => Body::new(TapBody::new(observed, observer)),
+            (false, None) => Body::new(observed),
         };
         Response::from_parts(parts, body)
     }

@@ -1,0 +1,294 @@
+//! `tools`: only the tools the current request can need (seed 000 Fase 1, seed 001 §4).
+//!
+//! Each category of the offered tools (see `catalog`) is scored by its keywords in the last
+//! user message, plus, with a lower weight, in the recent context (the last turns, the first
+//! characters of each message). Selected categories keep their tools. When nothing matches,
+//! the conversation's sticky categories (those of its last tool-using turn, from the store) are
+//! used, else the `on_no_match` policy. Never removed: tools named by `tool_choice`, tools
+//! called in the history that is sent, `tools.always`, and, mid tool-loop, the categories
+//! already used in the current turn.
+
+mod catalog;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+pub use catalog::Catalog;
+
+use super::config::OnNoMatch;
+use super::text::content_words;
+use super::{Stage, StageCx, StageOutput};
+use crate::config::glob_match;
+use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
+use catalog::tool_name;
+
+pub struct ToolsStage;
+
+/// Why the stage kept what it kept (also the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Match,
+    Sticky,
+    NoMatchDrop,
+    NoMatchKeep,
+    /// Nothing matched; only protected tools (tool_choice, history, always, tool loop) stay.
+    Protected,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Match => "match",
+            Reason::Sticky => "sticky",
+            Reason::NoMatchDrop => "no_match_drop",
+            Reason::NoMatchKeep => "no_match_keep",
+            Reason::Protected => "protected",
+        }
+    }
+}
+
+fn message_text(message: &Message) -> String {
+    message
+        .content
+        .get()
+        .map(|c| c.text().into_owned())
+        .unwrap_or_default()
+}
+
+/// Whether `phrase` occurs in `words` as consecutive words.
+fn contains_phrase(words: &[String], phrase: &[String]) -> bool {
+    !phrase.is_empty() && words.windows(phrase.len()).any(|w| w == phrase)
+}
+
+/// Index of the current turn's user message.
+fn current_turn_start(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .unwrap_or(0)
+}
+
+/// The texts read as context: the turns before the current one, at most `turns` of them, the
+/// first `chars` characters of each user and assistant message.
+fn context_words(messages: &[Message], turns: usize, chars: usize) -> Vec<Vec<String>> {
+    let current = current_turn_start(messages);
+    let starts: Vec<usize> = messages[..current]
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::User)
+        .map(|(i, _)| i)
+        .collect();
+    let from = starts
+        .len()
+        .checked_sub(turns)
+        .map_or(0, |i| starts.get(i).copied().unwrap_or(0));
+    messages[from..current]
+        .iter()
+        .filter(|m| matches!(m.role, Role::User | Role::Assistant))
+        .map(|m| {
+            let text: String = message_text(m).chars().take(chars).collect();
+            content_words(&text)
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Tool names named by `tool_choice` (`{"type":"function","function":{"name":…}}`).
+fn chosen_tool(request: &ChatRequest) -> Option<String> {
+    request
+        .tool_choice
+        .get()
+        .and_then(|c| c.get("function"))
+        .and_then(|f| f.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// The score and matched keywords of every category with a positive score.
+fn score(
+    catalog: &Catalog,
+    current: &[String],
+    context: &[Vec<String>],
+    weight: f64,
+) -> BTreeMap<String, (f64, Vec<String>)> {
+    let mut scores = BTreeMap::new();
+    for category in &catalog.categories {
+        let mut total = 0.0;
+        let mut matched = Vec::new();
+        for keyword in &category.keywords {
+            if contains_phrase(current, keyword) {
+                total += 1.0;
+                matched.push(keyword.join(" "));
+            } else if context.iter().any(|words| contains_phrase(words, keyword)) {
+                total += weight;
+                matched.push(format!("{} (context)", keyword.join(" ")));
+            }
+        }
+        if total > 0.0 {
+            scores.insert(category.name.clone(), (total, matched));
+        }
+    }
+    scores
+}
+
+impl Stage for ToolsStage {
+    fn name(&self) -> &'static str {
+        "tools"
+    }
+
+    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+        config.tools.enabled
+    }
+
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
+        let Some(tools) = request.tools.get().filter(|t| !t.is_empty()) else {
+            return StageOutput::unchanged(json!({"offered": 0}));
+        };
+        let config = &cx.config.tools;
+        let catalog = Catalog::build(tools, config);
+        let messages = &request.messages;
+        let current_start = current_turn_start(messages);
+        let current: Vec<String> = messages
+            .get(current_start)
+            .filter(|m| m.role == Role::User)
+            .map(|m| content_words(&message_text(m)))
+            .unwrap_or_default();
+        let context = context_words(messages, config.context_turns, config.context_chars);
+        let scores = score(&catalog, &current, &context, config.context_weight);
+        let matched: Vec<String> = scores
+            .iter()
+            .filter(|(_, (s, _))| *s >= config.min_score)
+            .map(|(name, _)| name.clone())
+            .collect();
+
+        // Protected tools and categories.
+        let mut keep: BTreeSet<String> = BTreeSet::new();
+        let mut protected: Vec<String> = Vec::new();
+        if let Some(chosen) = chosen_tool(request) {
+            protected.push(chosen);
+        }
+        for message in messages {
+            protected.extend(message.tool_calls().iter().map(|c| c.function.name.clone()));
+        }
+        let mid_loop = messages
+            .last()
+            .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
+        let mut loop_categories: BTreeSet<String> = BTreeSet::new();
+        if mid_loop {
+            for message in &messages[current_start..] {
+                for call in message.tool_calls() {
+                    loop_categories.extend(catalog.categories_of(&call.function.name).map(str::to_owned));
+                }
+            }
+        }
+        let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
+        for name in &names {
+            if protected.iter().any(|p| p == name) || config.always.iter().any(|p| glob_match(p, name)) {
+                keep.insert((*name).to_owned());
+            }
+        }
+
+        let sticky: Vec<String> = cx
+            .sticky_categories
+            .iter()
+            .filter(|s| catalog.categories.iter().any(|c| &c.name == *s))
+            .cloned()
+            .collect();
+        let (mut selected, mut reason) = if !matched.is_empty() {
+            (matched, Reason::Match)
+        } else if !sticky.is_empty() {
+            (sticky, Reason::Sticky)
+        } else if config.on_no_match == OnNoMatch::KeepAll {
+            (catalog.categories.iter().map(|c| c.name.clone()).collect(), Reason::NoMatchKeep)
+        } else {
+            (Vec::new(), Reason::NoMatchDrop)
+        };
+        for category in &loop_categories {
+            if !selected.contains(category) {
+                selected.push(category.clone());
+            }
+        }
+        for category in catalog.categories.iter().filter(|c| selected.contains(&c.name)) {
+            keep.extend(category.tools.iter().cloned());
+        }
+        if reason == Reason::NoMatchDrop && !keep.is_empty() {
+            reason = Reason::Protected;
+        }
+
+        let offered = tools.len();
+        // Tools without a function name (other tool types) are always kept.
+        let kept: Vec<Tool> = tools
+            .iter()
+            .filter(|t| tool_name(t).is_none_or(|n| keep.contains(n)))
+            .cloned()
+            .collect();
+        let scored: BTreeMap<&String, Value> = scores
+            .iter()
+            .map(|(name, (s, words))| (name, json!({"score": s, "keywords": words})))
+            .collect();
+        let details = json!({
+            "offered": offered,
+            "sent": kept.len(),
+            "reason": reason.as_str(),
+            "categories": selected,
+            "scores": scored,
+            "sticky": cx.sticky_categories,
+            "protected": protected.iter().filter(|p| names.contains(&p.as_str())).collect::<BTreeSet<_>>(),
+        });
+        if kept.len() == offered {
+            return StageOutput::unchanged(details);
+        }
+        StageOutput {
+            messages: None,
+            tools: Some(kept),
+            details,
+        }
+    }
+}
+
+/// The request without tools: `tool_choice` and `parallel_tool_calls` would make it invalid.
+pub fn without_tools(request: &mut ChatRequest) {
+    request.tools = Nullable::Absent;
+    request.tool_choice = Nullable::Absent;
+    request.extra.shift_remove("parallel_tool_calls");
+}
+
+/// The categories of the tools called in the last completed turn (the one before the current
+/// user message): the sticky categories a client that sends its whole history carries itself.
+pub fn previous_turn_categories(request: &ChatRequest, config: &super::PipelineConfig) -> Vec<String> {
+    let messages = &request.messages;
+    let current = current_turn_start(messages);
+    let previous = messages[..current]
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .unwrap_or(0);
+    let used: Vec<String> = messages[previous..current]
+        .iter()
+        .flat_map(|m| m.tool_calls().iter().map(|c| c.function.name.clone()))
+        .collect();
+    categories_of(request, config, &used)
+}
+
+/// The names of the tools called in the current turn (after the last user message).
+pub fn current_turn_calls(request: &ChatRequest) -> Vec<String> {
+    let messages = &request.messages;
+    messages[current_turn_start(messages)..]
+        .iter()
+        .flat_map(|m| m.tool_calls().iter().map(|c| c.function.name.clone()))
+        .collect()
+}
+
+/// The categories of the named tools among the request's offered tools (what a conversation
+/// keeps as sticky after a tool-using turn).
+pub fn categories_of(request: &ChatRequest, config: &super::PipelineConfig, used: &[String]) -> Vec<String> {
+    let Some(tools) = request.tools.get() else {
+        return Vec::new();
+    };
+    let catalog = Catalog::build(tools, &config.tools);
+    let mut categories: BTreeSet<String> = BTreeSet::new();
+    for name in used {
+        categories.extend(catalog.categories_of(name).map(str::to_owned));
+    }
+    categories.into_iter().collect()
+}

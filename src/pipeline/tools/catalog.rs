@@ -1,0 +1,214 @@
+//! The categories of the tools a request offers: configured ones (`[[tools.categories]]`), and
+//! for unclaimed tools one derived from the tool's name, with the words that call for each.
+
+use std::collections::BTreeMap;
+
+use crate::config::glob_match;
+use crate::openai::Tool;
+use crate::pipeline::config::ToolsConfig;
+use crate::pipeline::text::{content_words, first_sentence, normalize};
+
+/// Verbs common to whole APIs: they say nothing about which part of the API is meant.
+const GENERIC_VERBS: &[&str] = &[
+    "get", "list", "create", "update", "delete", "search", "fetch", "set", "add", "remove",
+    "find", "show", "read", "write", "put", "post", "patch", "compare", "check",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Category {
+    pub name: String,
+    /// Each keyword is a sequence of folded, stemmed words (a phrase has several).
+    pub keywords: Vec<Vec<String>>,
+    /// Names of the request's tools in this category.
+    pub tools: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub categories: Vec<Category>,
+}
+
+pub fn tool_name(tool: &Tool) -> Option<&str> {
+    tool.function.as_ref().map(|f| f.name.as_str())
+}
+
+/// Words of a keyword or phrase, folded and stemmed like message words.
+pub fn keyword_words(keyword: &str) -> Vec<String> {
+    content_words(keyword)
+}
+
+/// Splits a tool name into its segments (`mcp__jira__search_issues` → mcp, jira, search, issues).
+fn segments(name: &str) -> Vec<&str> {
+    name.split(['_', '.', '-', '/', ':'])
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The namespace a tool name declares: before the first separator, or the server of an MCP
+/// tool (`mcp__jira__search` → `jira`).
+pub fn namespace(name: &str) -> String {
+    let parts: Vec<&str> = name.split("__").filter(|p| !p.is_empty()).collect();
+    let base = match parts.as_slice() {
+        [first, server, _, ..] if first.eq_ignore_ascii_case("mcp") => server,
+        [first, ..] => first,
+        [] => name,
+    };
+    segments(base)
+        .first()
+        .map_or_else(|| normalize(name), |s| normalize(s))
+}
+
+impl Catalog {
+    pub fn build(tools: &[Tool], config: &ToolsConfig) -> Catalog {
+        let mut categories: Vec<Category> = config
+            .categories
+            .iter()
+            .map(|c| Category {
+                name: c.name.clone(),
+                keywords: c.keywords.iter().map(|k| keyword_words(k)).collect(),
+                tools: Vec::new(),
+            })
+            .collect();
+        // Derived categories by namespace: name → (tool names, descriptions).
+        let mut derived: BTreeMap<String, Vec<&Tool>> = BTreeMap::new();
+        for tool in tools {
+            let Some(name) = tool_name(tool) else {
+                continue;
+            };
+            let mut claimed = false;
+            for (category, configured) in categories.iter_mut().zip(&config.categories) {
+                if configured.tools.iter().any(|p| glob_match(p, name)) {
+                    category.tools.push(name.to_owned());
+                    claimed = true;
+                }
+            }
+            if !claimed {
+                derived.entry(namespace(name)).or_default().push(tool);
+            }
+        }
+        categories.retain(|c| !c.tools.is_empty());
+        for (space, members) in derived {
+            if members.len() > config.derived_max_tools.max(1) {
+                // One namespace for a whole API (github_*): split by what each tool acts on.
+                let mut parts: BTreeMap<String, Vec<&Tool>> = BTreeMap::new();
+                for tool in members {
+                    let object = tool_name(tool)
+                        .and_then(|n| segments(n).last().map(|s| keyword_words(s)))
+                        .and_then(|w| w.into_iter().next())
+                        .unwrap_or_else(|| space.clone());
+                    parts.entry(object).or_default().push(tool);
+                }
+                for (object, members) in parts {
+                    categories.push(derived_category(
+                        format!("{space}.{object}"),
+                        &members,
+                        Some(&space),
+                    ));
+                }
+            } else {
+                categories.push(derived_category(space, &members, None));
+            }
+        }
+        Catalog { categories }
+    }
+
+    /// The categories a tool belongs to.
+    pub fn categories_of<'a>(&'a self, tool: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.categories
+            .iter()
+            .filter(move |c| c.tools.iter().any(|t| t == tool))
+            .map(|c| c.name.as_str())
+    }
+}
+
+/// A category made from tool names and the first sentence of their descriptions. In a split
+/// namespace the namespace word and generic verbs are left out: they name every part.
+fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> Category {
+    let mut keywords: Vec<Vec<String>> = Vec::new();
+    let mut add = |word: String| {
+        let generic = split_from.is_some_and(|space| word == space || GENERIC_VERBS.contains(&word.as_str()));
+        if !generic && !keywords.iter().any(|k| k.len() == 1 && k[0] == word) {
+            keywords.push(vec![word]);
+        }
+    };
+    for tool in tools {
+        let Some(function) = &tool.function else {
+            continue;
+        };
+        for segment in segments(&function.name) {
+            keyword_words(segment).into_iter().for_each(&mut add);
+        }
+        if let Some(description) = function.description.get() {
+            keyword_words(&first_sentence(description, 30))
+                .into_iter()
+                .for_each(&mut add);
+        }
+    }
+    Category {
+        name,
+        keywords,
+        tools: tools
+            .iter()
+            .filter_map(|t| tool_name(t).map(str::to_owned))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tools(names: &[&str]) -> Vec<Tool> {
+        names
+            .iter()
+            .map(|n| {
+                serde_json::from_value(json!({"type": "function", "function": {"name": n,
+                    "description": format!("Does {n}.")}}))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn namespaces_come_from_names() {
+        assert_eq!(namespace("github_list_repos"), "github");
+        assert_eq!(namespace("mcp__jira__search"), "jira");
+        assert_eq!(namespace("slack.post-message"), "slack");
+        assert_eq!(namespace("calculate"), "calculate");
+    }
+
+    #[test]
+    fn configured_categories_claim_tools_and_big_namespaces_split() {
+        let config = ToolsConfig {
+            categories: vec![crate::pipeline::config::ToolCategory {
+                name: "billing".into(),
+                keywords: vec!["invoice".into(), "métodos de pago".into()],
+                tools: vec!["stripe_*".into()],
+            }],
+            derived_max_tools: 3,
+            ..ToolsConfig::default()
+        };
+        let offered = tools(&[
+            "stripe_create_invoice",
+            "github_list_issues",
+            "github_create_issue",
+            "github_list_pull_requests",
+            "github_get_repo",
+            "weather",
+        ]);
+        let catalog = Catalog::build(&offered, &config);
+        let names: Vec<&str> = catalog.categories.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["billing", "github.issue", "github.repo", "github.request", "weather"]
+        );
+        assert_eq!(catalog.categories[1].tools, ["github_list_issues", "github_create_issue"]);
+        assert_eq!(catalog.categories[0].keywords[1], ["metodo", "pago"]);
+        assert!(!catalog.categories[1].keywords.contains(&vec!["github".to_owned()]));
+        assert_eq!(
+            catalog.categories_of("github_get_repo").collect::<Vec<_>>(),
+            ["github.repo"]
+        );
+    }
+}
