@@ -36,6 +36,23 @@ pub struct Analysis {
     pub long_history_tokens_after: u64,
     pub stages: BTreeMap<String, StageTotals>,
     pub pipeline_micros: Percentiles,
+    /// With the recording's meta file: did tool filtering keep the tools the model called?
+    pub tools: ToolFiltering,
+}
+
+/// Tool recall and tool-definition savings (needs `response_tool_names` from a meta file).
+#[derive(Debug, Default, Serialize)]
+pub struct ToolFiltering {
+    /// Requests whose recorded answer called at least one tool, and those calls.
+    pub requests_with_calls: u64,
+    pub calls: u64,
+    pub calls_kept: u64,
+    /// Requests whose answer's every called tool was kept.
+    pub requests_all_kept: u64,
+    /// Requests offering 10 or more tools, and their tool-definition tokens before and after.
+    pub requests_10_plus_tools: u64,
+    pub tool_tokens_before_10_plus: u64,
+    pub tool_tokens_after_10_plus: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -94,16 +111,52 @@ fn prompt_split(request: &ChatRequest, tokenizers: &Tokenizers) -> (u64, u64) {
 /// Turns (user messages) from which a request counts as a long conversation.
 const LONG_CONVERSATION_TURNS: usize = 20;
 
+/// The tools the recorded answer called (`response_tool_names` of a meta line; for scaffolded
+/// conversations without a recorded answer, `scaffold_expected_next_tool`).
+fn called_tools(meta_line: Option<&str>) -> Vec<String> {
+    let Some(meta) = meta_line.and_then(|l| serde_json::from_str::<Value>(l).ok()) else {
+        return Vec::new();
+    };
+    if let Some(names) = meta
+        .get("response_tool_names")
+        .and_then(|n| serde_json::from_value::<Vec<String>>(n.clone()).ok())
+    {
+        return names;
+    }
+    meta.get("scaffold_expected_next_tool")
+        .and_then(Value::as_str)
+        .map(|name| vec![name.to_owned()])
+        .unwrap_or_default()
+}
+
+fn tool_names(request: &ChatRequest) -> Vec<&str> {
+    request
+        .tools
+        .get()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
+        .collect()
+}
+
+/// Runs the pipeline over `reader`'s requests. `meta`, when given, is the recording's meta
+/// file (one line per request, same order) whose `response_tool_names` measure tool recall.
 pub fn analyze(
     reader: impl BufRead,
+    meta: Option<Box<dyn BufRead>>,
     config: &Config,
     tokenizers: &Tokenizers,
 ) -> std::io::Result<Analysis> {
     let mut analysis = Analysis::default();
     let mut micros = Vec::new();
     let memo = pipeline::Memo::default();
+    let mut meta_lines = meta.map(|m| m.lines());
     for line in reader.lines() {
         let line = line?;
+        let meta_line = match meta_lines.as_mut().and_then(Iterator::next) {
+            Some(meta) => Some(meta?),
+            None => None,
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -149,6 +202,23 @@ pub fn analyze(
         }
         if !report.fits {
             analysis.over_budget += 1;
+        }
+        let offered = tool_names(&request);
+        let sent = tool_names(&rewrite.request);
+        let tools = &mut analysis.tools;
+        let called = called_tools(meta_line.as_deref());
+        if !called.is_empty() {
+            let kept = called.iter().filter(|c| sent.contains(&c.as_str())).count() as u64;
+            tools.requests_with_calls += 1;
+            tools.calls += called.len() as u64;
+            tools.calls_kept += kept;
+            tools.requests_all_kept += u64::from(kept == called.len() as u64);
+        }
+        if offered.len() >= 10 {
+            let tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice)) as u64;
+            tools.requests_10_plus_tools += 1;
+            tools.tool_tokens_before_10_plus += tokens(&request);
+            tools.tool_tokens_after_10_plus += tokens(&rewrite.request);
         }
         for stage in &report.stages {
             let totals = analysis.stages.entry(stage.stage.to_owned()).or_default();
@@ -279,6 +349,26 @@ impl Analysis {
             out.push_str(&format!(
                 "{name:<12} {:>12}   {:>7}\n",
                 totals.tokens_saved, totals.applied
+            ));
+        }
+        let t = &self.tools;
+        if t.requests_with_calls > 0 {
+            out.push_str(&format!(
+                "tool recall: {}/{} called tools kept ({:.1}%), {}/{} requests kept all\n",
+                t.calls_kept,
+                t.calls,
+                100.0 * t.calls_kept as f64 / t.calls as f64,
+                t.requests_all_kept,
+                t.requests_with_calls
+            ));
+        }
+        if t.requests_10_plus_tools > 0 {
+            out.push_str(&format!(
+                "tool definitions in the {} requests with 10+ tools: {} → {} tokens ({:.1}% removed)\n",
+                t.requests_10_plus_tools,
+                t.tool_tokens_before_10_plus,
+                t.tool_tokens_after_10_plus,
+                percent(t.tool_tokens_before_10_plus, t.tool_tokens_after_10_plus)
             ));
         }
         let p = &self.pipeline_micros;

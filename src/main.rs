@@ -120,7 +120,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match ctxproxy::analyze::analyze(reader, &loaded, &tokenizers) {
+            // The recording's meta file (FILE.meta.jsonl) gives tool recall.
+            let meta_path = file.with_extension("meta.jsonl");
+            let meta = std::fs::File::open(&meta_path)
+                .ok()
+                .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
+            match ctxproxy::analyze::analyze(reader, meta, &loaded, &tokenizers) {
                 Ok(analysis) if json => {
                     println!(
                         "{}",

@@ -1,7 +1,8 @@
 //! `tools`: only the tools the current request can need (seed 000 Fase 1, seed 001 §4).
 //!
 //! Each category of the offered tools (see `catalog`) is scored by its keywords in the last
-//! user message, plus, with a lower weight, in the recent context (the last turns, the first
+//! user message and the assistant text it answers, plus, with a lower weight, in the recent
+//! context (the last turns, the first
 //! characters of each message). Selected categories keep their tools. When nothing matches,
 //! the conversation's sticky categories (those of its last tool-using turn, from the store) are
 //! used, else the `on_no_match` policy. Never removed: tools named by `tool_choice`, tools
@@ -56,9 +57,33 @@ fn message_text(message: &Message) -> String {
         .unwrap_or_default()
 }
 
+/// Shortest keyword word that also matches longer words it starts ("cancel" matches
+/// "cancellation", "book" matches "booking").
+const PREFIX_MIN_CHARS: usize = 4;
+
+fn word_matches(word: &str, keyword: &str) -> bool {
+    word == keyword || (keyword.len() >= PREFIX_MIN_CHARS && word.starts_with(keyword))
+}
+
 /// Whether `phrase` occurs in `words` as consecutive words.
 fn contains_phrase(words: &[String], phrase: &[String]) -> bool {
-    !phrase.is_empty() && words.windows(phrase.len()).any(|w| w == phrase)
+    !phrase.is_empty()
+        && words.windows(phrase.len()).any(|window| {
+            window
+                .iter()
+                .zip(phrase)
+                .all(|(word, keyword)| word_matches(word, keyword))
+        })
+}
+
+/// The end of a text (where an assistant puts its question), at most `chars` characters.
+fn last_chars(text: &str, chars: usize) -> &str {
+    let start = text
+        .char_indices()
+        .rev()
+        .nth(chars.saturating_sub(1))
+        .map_or(0, |(i, _)| i);
+    &text[start..]
 }
 
 /// Index of the current turn's user message.
@@ -149,11 +174,21 @@ impl Stage for ToolsStage {
         let catalog = Catalog::build(tools, config);
         let messages = &request.messages;
         let current_start = current_turn_start(messages);
-        let current: Vec<String> = messages
+        // The current exchange: the last user message and the assistant text it answers
+        // ("Could you give me your user id?" → "mia_li_3668").
+        let mut current: Vec<String> = messages
             .get(current_start)
             .filter(|m| m.role == Role::User)
             .map(|m| content_words(&message_text(m)))
             .unwrap_or_default();
+        if let Some(asked) = messages[..current_start]
+            .iter()
+            .rev()
+            .take_while(|m| m.role != Role::User)
+            .find(|m| m.role == Role::Assistant && !message_text(m).trim().is_empty())
+        {
+            current.extend(content_words(last_chars(&message_text(asked), config.context_chars)));
+        }
         let context = context_words(messages, config.context_turns, config.context_chars);
         let scores = score(&catalog, &current, &context, config.context_weight);
         let matched: Vec<String> = scores
