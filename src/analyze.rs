@@ -215,7 +215,8 @@ pub fn analyze(
             tools.requests_all_kept += u64::from(kept == called.len() as u64);
         }
         if offered.len() >= 10 {
-            let tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice)) as u64;
+            let tokens =
+                |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice)) as u64;
             tools.requests_10_plus_tools += 1;
             tools.tool_tokens_before_10_plus += tokens(&request);
             tools.tool_tokens_after_10_plus += tokens(&rewrite.request);

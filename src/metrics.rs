@@ -30,6 +30,8 @@ pub struct Metrics {
     pub pipeline_duration: Histogram,
     /// `outcome` ∈ fit, rejected, forwarded.
     pub budget_outcomes: IntCounterVec,
+    pub tools: IntCounterVec,
+    pub tool_filter_decisions: IntCounterVec,
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
 }
@@ -129,6 +131,20 @@ impl Metrics {
             &["outcome"],
         )?;
 
+        let tools = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_tools_total",
+                "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream (phase=sent).",
+            ),
+            &["phase"],
+        )?;
+        let tool_filter_decisions = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_tool_filter_decisions_total",
+                "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, protected.",
+            ),
+            &["reason"],
+        )?;
         let store_errors = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_store_errors_total",
@@ -151,6 +167,8 @@ impl Metrics {
         registry.register(Box::new(tokens_saveable.clone()))?;
         registry.register(Box::new(pipeline_duration.clone()))?;
         registry.register(Box::new(budget_outcomes.clone()))?;
+        registry.register(Box::new(tools.clone()))?;
+        registry.register(Box::new(tool_filter_decisions.clone()))?;
         registry.register(Box::new(store_errors.clone()))?;
         registry.register(Box::new(store_up.clone()))?;
         Ok(Metrics {
@@ -159,6 +177,8 @@ impl Metrics {
             tokens_saveable,
             pipeline_duration,
             budget_outcomes,
+            tools,
+            tool_filter_decisions,
             store_errors,
             store_up,
             registry,

@@ -187,7 +187,10 @@ impl Stage for ToolsStage {
             .take_while(|m| m.role != Role::User)
             .find(|m| m.role == Role::Assistant && !message_text(m).trim().is_empty())
         {
-            current.extend(content_words(last_chars(&message_text(asked), config.context_chars)));
+            current.extend(content_words(last_chars(
+                &message_text(asked),
+                config.context_chars,
+            )));
         }
         let context = context_words(messages, config.context_turns, config.context_chars);
         let scores = score(&catalog, &current, &context, config.context_weight);
@@ -213,13 +216,19 @@ impl Stage for ToolsStage {
         if mid_loop {
             for message in &messages[current_start..] {
                 for call in message.tool_calls() {
-                    loop_categories.extend(catalog.categories_of(&call.function.name).map(str::to_owned));
+                    loop_categories.extend(
+                        catalog
+                            .categories_of(&call.function.name)
+                            .map(str::to_owned),
+                    );
                 }
             }
         }
         let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
         for name in &names {
-            if protected.iter().any(|p| p == name) || config.always.iter().any(|p| glob_match(p, name)) {
+            if protected.iter().any(|p| p == name)
+                || config.always.iter().any(|p| glob_match(p, name))
+            {
                 keep.insert((*name).to_owned());
             }
         }
@@ -235,7 +244,10 @@ impl Stage for ToolsStage {
         } else if !sticky.is_empty() {
             (sticky, Reason::Sticky)
         } else if config.on_no_match == OnNoMatch::KeepAll {
-            (catalog.categories.iter().map(|c| c.name.clone()).collect(), Reason::NoMatchKeep)
+            (
+                catalog.categories.iter().map(|c| c.name.clone()).collect(),
+                Reason::NoMatchKeep,
+            )
         } else {
             (Vec::new(), Reason::NoMatchDrop)
         };
@@ -244,7 +256,11 @@ impl Stage for ToolsStage {
                 selected.push(category.clone());
             }
         }
-        for category in catalog.categories.iter().filter(|c| selected.contains(&c.name)) {
+        for category in catalog
+            .categories
+            .iter()
+            .filter(|c| selected.contains(&c.name))
+        {
             keep.extend(category.tools.iter().cloned());
         }
         if reason == Reason::NoMatchDrop && !keep.is_empty() {
@@ -291,7 +307,10 @@ pub fn without_tools(request: &mut ChatRequest) {
 
 /// The categories of the tools called in the last completed turn (the one before the current
 /// user message): the sticky categories a client that sends its whole history carries itself.
-pub fn previous_turn_categories(request: &ChatRequest, config: &super::PipelineConfig) -> Vec<String> {
+pub fn previous_turn_categories(
+    request: &ChatRequest,
+    config: &super::PipelineConfig,
+) -> Vec<String> {
     let messages = &request.messages;
     let current = current_turn_start(messages);
     let previous = messages[..current]
@@ -316,7 +335,11 @@ pub fn current_turn_calls(request: &ChatRequest) -> Vec<String> {
 
 /// The categories of the named tools among the request's offered tools (what a conversation
 /// keeps as sticky after a tool-using turn).
-pub fn categories_of(request: &ChatRequest, config: &super::PipelineConfig, used: &[String]) -> Vec<String> {
+pub fn categories_of(
+    request: &ChatRequest,
+    config: &super::PipelineConfig,
+    used: &[String],
+) -> Vec<String> {
     let Some(tools) = request.tools.get() else {
         return Vec::new();
     };
@@ -326,4 +349,148 @@ pub fn categories_of(request: &ChatRequest, config: &super::PipelineConfig, used
         categories.extend(catalog.categories_of(name).map(str::to_owned));
     }
     categories.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Env, Memo, PipelineConfig, run};
+    use crate::tokens::{Encoding, TokenCounter};
+
+    fn tool(name: &str, description: &str) -> Value {
+        json!({"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": {}}}})
+    }
+
+    fn offered() -> Vec<Value> {
+        vec![
+            tool("calendar_create_event", "Create a meeting in the calendar."),
+            tool("calendar_list_events", "List the meetings of a day."),
+            tool("email_send", "Send an email message."),
+            tool("email_search", "Search the inbox for messages."),
+            tool("weather_forecast", "Weather forecast for a city."),
+        ]
+    }
+
+    /// The tools sent for `messages`, with `sticky` categories and an optional config change.
+    fn sent_tools(
+        messages: Value,
+        extra: Value,
+        sticky: &[&str],
+        configure: impl FnOnce(&mut PipelineConfig),
+    ) -> (Vec<String>, ChatRequest) {
+        let mut body = json!({"model": "gpt-4o", "messages": messages, "tools": offered()});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let request: ChatRequest = serde_json::from_value(body).unwrap();
+        let mut config = PipelineConfig::default();
+        configure(&mut config);
+        let sticky: Vec<String> = sticky.iter().map(|s| (*s).to_owned()).collect();
+        let rewrite = run(
+            &request,
+            &Env {
+                config: &config,
+                counter: &TokenCounter::new(Encoding::O200kBase),
+                memo: &Memo::default(),
+                budget: 1_000_000,
+                sticky_categories: &sticky,
+            },
+        );
+        let names = rewrite
+            .request
+            .tools
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| tool_name(t).map(str::to_owned))
+            .collect();
+        (names, rewrite.request)
+    }
+
+    fn user(text: &str) -> Value {
+        json!([{"role": "user", "content": text}])
+    }
+
+    #[test]
+    fn english_and_spanish_with_accents_and_plurals() {
+        let (sent, _) = sent_tools(
+            user("Schedule a meeting for Monday"),
+            json!({}),
+            &[],
+            |_| {},
+        );
+        assert_eq!(sent, ["calendar_create_event", "calendar_list_events"]);
+        let (sent, _) = sent_tools(
+            user("¿Qué tiempo hará? Mándame el forecast por EMAIL"),
+            json!({}),
+            &[],
+            |_| {},
+        );
+        assert_eq!(sent, ["email_send", "email_search", "weather_forecast"]);
+        let config = |c: &mut PipelineConfig| {
+            c.tools.categories = vec![crate::pipeline::config::ToolCategory {
+                name: "agenda".into(),
+                keywords: vec!["reunión".into(), "calendario".into()],
+                tools: vec!["calendar_*".into()],
+            }];
+        };
+        let (sent, _) = sent_tools(
+            user("Agendá dos REUNIONES el lunes"),
+            json!({}),
+            &[],
+            config,
+        );
+        assert_eq!(sent, ["calendar_create_event", "calendar_list_events"]);
+    }
+
+    #[test]
+    fn follow_ups_use_sticky_categories_and_no_match_drops_tools() {
+        for follow_up in ["both", "Ambos", "yes do it"] {
+            let (sent, _) = sent_tools(user(follow_up), json!({}), &["email"], |_| {});
+            assert_eq!(sent, ["email_send", "email_search"], "{follow_up}");
+        }
+        let (sent, request) = sent_tools(
+            user("thanks!"),
+            json!({"tool_choice": "auto", "parallel_tool_calls": true}),
+            &[],
+            |_| {},
+        );
+        assert!(sent.is_empty());
+        assert!(
+            request.tool_choice.is_absent() && !request.extra.contains_key("parallel_tool_calls")
+        );
+        let (sent, _) = sent_tools(user("thanks!"), json!({}), &[], |c| {
+            c.tools.on_no_match = OnNoMatch::KeepAll;
+        });
+        assert_eq!(sent.len(), 5);
+    }
+
+    #[test]
+    fn chosen_called_always_and_tool_loop_tools_are_kept() {
+        let (sent, _) = sent_tools(
+            user("thanks!"),
+            json!({"tool_choice": {"type": "function", "function": {"name": "email_send"}}}),
+            &[],
+            |c| c.tools.always = vec!["weather_*".into()],
+        );
+        assert_eq!(sent, ["email_send", "weather_forecast"]);
+        // Mid tool-loop: the last message is a result; the loop's categories stay.
+        let messages = json!([
+            {"role": "user", "content": "what's on my calendar, then email it to Ana"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "calendar_list_events", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "standup at 10"}
+        ]);
+        let (sent, _) = sent_tools(messages, json!({}), &[], |_| {});
+        assert_eq!(
+            sent,
+            [
+                "calendar_create_event",
+                "calendar_list_events",
+                "email_send",
+                "email_search"
+            ]
+        );
+    }
 }

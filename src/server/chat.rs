@@ -13,12 +13,12 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::{RequestContext, SharedState, read_body};
-use crate::error::ProxyError;
-use crate::openai::ChatRequest;
 use super::sticky::{self, StickyUpdate};
+use super::{RequestContext, SharedState, read_body};
 use crate::body::BodyObserver;
 use crate::conversation::conversation_id;
+use crate::error::ProxyError;
+use crate::openai::ChatRequest;
 use crate::pipeline::{self, Mode, OnExceed, Rewrite, tools};
 use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end};
 
@@ -113,8 +113,12 @@ pub async fn chat_completions(
         .filter(|_| answer.response.status().is_success())
         .map(|conversation| {
             let streamed = is_event_stream(answer.response.headers());
-            Box::new(StickyUpdate::new(state.clone(), conversation, &chat, streamed))
-                as Box<dyn BodyObserver>
+            Box::new(StickyUpdate::new(
+                state.clone(),
+                conversation,
+                &chat,
+                streamed,
+            )) as Box<dyn BodyObserver>
         });
     let mut response = upstream.relay(answer, &state.metrics, observer);
     if let Some((before, after)) = counts {
@@ -217,7 +221,10 @@ async fn sticky_categories(
         return Vec::new();
     };
     let mut categories = sticky::load(state, conversation).await;
-    categories.extend(tools::previous_turn_categories(chat, &state.config.pipeline));
+    categories.extend(tools::previous_turn_categories(
+        chat,
+        &state.config.pipeline,
+    ));
     categories.sort();
     categories.dedup();
     categories
@@ -296,5 +303,23 @@ fn record_savings(state: &SharedState, rewrite: &Rewrite) {
             .tokens_saved
             .with_label_values(&[stage])
             .inc_by(saved as u64);
+    }
+    if let Some(tools) = report.stages.iter().find(|s| s.stage == "tools") {
+        let count = |key: &str| tools.details.get(key).and_then(Value::as_u64);
+        if let (Some(offered), Some(sent)) = (count("offered"), count("sent")) {
+            metrics
+                .tools
+                .with_label_values(&["offered"])
+                .inc_by(offered);
+            // The tools stage's choice stands unless the whole rewrite was dropped.
+            let sent = if rewrite.changed() { sent } else { offered };
+            metrics.tools.with_label_values(&["sent"]).inc_by(sent);
+        }
+        if let Some(reason) = tools.details.get("reason").and_then(Value::as_str) {
+            metrics
+                .tool_filter_decisions
+                .with_label_values(&[reason])
+                .inc();
+        }
     }
 }

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::SharedState;
 use crate::body::{BodyEnd, BodyObserver};
-use crate::openai::sse::event_data;
 use crate::openai::ChatRequest;
+use crate::openai::sse::event_data;
 use crate::pipeline::tools::{Catalog, current_turn_calls};
 
 /// The largest non-streaming answer read for tool calls.
@@ -60,10 +60,13 @@ impl StickyUpdate {
             .categories
             .iter()
             .flat_map(|c| c.tools.iter().map(move |t| (t.clone(), c.name.clone())))
-            .fold(BTreeMap::<String, Vec<String>>::new(), |mut map, (tool, category)| {
-                map.entry(tool).or_default().push(category);
-                map
-            });
+            .fold(
+                BTreeMap::<String, Vec<String>>::new(),
+                |mut map, (tool, category)| {
+                    map.entry(tool).or_default().push(category);
+                    map
+                },
+            );
         StickyUpdate {
             state,
             conversation,

@@ -10,8 +10,8 @@ use crate::pipeline::text::{content_words, first_sentence, normalize};
 
 /// Verbs common to whole APIs: they say nothing about which part of the API is meant.
 const GENERIC_VERBS: &[&str] = &[
-    "get", "list", "create", "update", "delete", "search", "fetch", "set", "add", "remove",
-    "find", "show", "read", "write", "put", "post", "patch", "compare", "check",
+    "get", "list", "create", "update", "delete", "search", "fetch", "set", "add", "remove", "find",
+    "show", "read", "write", "put", "post", "patch", "compare", "check",
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -126,7 +126,8 @@ impl Catalog {
 fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> Category {
     let mut keywords: Vec<Vec<String>> = Vec::new();
     let mut add = |word: String| {
-        let generic = split_from.is_some_and(|space| word == space || GENERIC_VERBS.contains(&word.as_str()));
+        let generic =
+            split_from.is_some_and(|space| word == space || GENERIC_VERBS.contains(&word.as_str()));
         if !generic && !keywords.iter().any(|k| k.len() == 1 && k[0] == word) {
             keywords.push(vec![word]);
         }
@@ -201,11 +202,24 @@ mod tests {
         let names: Vec<&str> = catalog.categories.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
             names,
-            ["billing", "github.issue", "github.repo", "github.request", "weather"]
+            [
+                "billing",
+                "github.issue",
+                "github.repo",
+                "github.request",
+                "weather"
+            ]
         );
-        assert_eq!(catalog.categories[1].tools, ["github_list_issues", "github_create_issue"]);
+        assert_eq!(
+            catalog.categories[1].tools,
+            ["github_list_issues", "github_create_issue"]
+        );
         assert_eq!(catalog.categories[0].keywords[1], ["metodo", "pago"]);
-        assert!(!catalog.categories[1].keywords.contains(&vec!["github".to_owned()]));
+        assert!(
+            !catalog.categories[1]
+                .keywords
+                .contains(&vec!["github".to_owned()])
+        );
         assert_eq!(
             catalog.categories_of("github_get_repo").collect::<Vec<_>>(),
             ["github.repo"]
