@@ -67,23 +67,35 @@ struct TurnSpec {
     user: String,
     tool_results: Vec<String>,
     answer: Option<String>,
+    /// Which of `TOOLS` the turn calls.
+    tool: usize,
 }
+
+/// The tools every generated request offers (the tools stage filters them).
+const TOOLS: [(&str, &str); 4] = [
+    ("lookup", "Look something up. Use it often."),
+    ("weather_forecast", "Weather forecast for a city."),
+    ("email_send", "Send an email message."),
+    ("calendar_list_events", "List the meetings of a day."),
+];
 
 fn turn() -> impl Strategy<Value = TurnSpec> {
     (
         sentence(),
         prop::collection::vec(tool_result(), 0..3),
         prop::option::of(sentence()),
+        0..TOOLS.len(),
     )
-        .prop_map(|(user, tool_results, answer)| TurnSpec {
+        .prop_map(|(user, tool_results, answer, tool)| TurnSpec {
             user,
             tool_results,
             answer,
+            tool,
         })
 }
 
 fn conversation() -> impl Strategy<Value = ChatRequest> {
-    (prop::collection::vec(turn(), 1..16), any::<bool>()).prop_map(|(turns, second_system)| {
+    (prop::collection::vec(turn(), 1..16), any::<bool>(), prop::option::of(0..TOOLS.len())).prop_map(|(turns, second_system, choice)| {
         let mut messages = vec![json!({"role": "system", "content": "You are helpful."})];
         let mut call = 0;
         let last = turns.len() - 1;
@@ -95,7 +107,7 @@ fn conversation() -> impl Strategy<Value = ChatRequest> {
             if !spec.tool_results.is_empty() {
                 let ids: Vec<String> = spec.tool_results.iter().map(|_| { call += 1; format!("call_{call}") }).collect();
                 let calls: Vec<Value> = ids.iter().map(|id| json!({"id": id, "type": "function",
-                    "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}})).collect();
+                    "function": {"name": TOOLS[spec.tool].0, "arguments": "{\"q\":\"x\"}"}})).collect();
                 messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
                 for (id, result) in ids.iter().zip(&spec.tool_results) {
                     messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
@@ -106,10 +118,13 @@ fn conversation() -> impl Strategy<Value = ChatRequest> {
                 messages.push(json!({"role": "assistant", "content": answer}));
             }
         }
-        serde_json::from_value(json!({"model": "gpt-4o", "messages": messages,
-            "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look something up. Use it often.",
-                "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "The query. Be specific."}}}}}]}))
-        .unwrap()
+        let tools: Vec<Value> = TOOLS.iter().map(|(name, description)| json!({"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "The query. Be specific."}}}}})).collect();
+        let mut body = json!({"model": "gpt-4o", "messages": messages, "tools": tools});
+        if let Some(choice) = choice {
+            body["tool_choice"] = json!({"type": "function", "function": {"name": TOOLS[choice].0}});
+        }
+        serde_json::from_value(body).unwrap()
     })
 }
 
@@ -181,6 +196,14 @@ proptest! {
         let output = &rewrite.request;
 
         assert_valid(output);
+        // Filtering never leaves a reference to a removed tool.
+        let sent: Vec<String> = output.tools.get().into_iter().flatten().filter_map(|t| t.function.as_ref().map(|f| f.name.clone())).collect();
+        if let Some(choice) = output.tool_choice.get().and_then(|c| c.pointer("/function/name")).and_then(Value::as_str) {
+            prop_assert!(sent.iter().any(|s| s == choice), "tool_choice names removed tool {}", choice);
+        }
+        for call in output.messages.iter().flat_map(|m| m.tool_calls()) {
+            prop_assert!(sent.contains(&call.function.name), "history calls removed tool {}", call.function.name);
+        }
         let last_user = |r: &ChatRequest| r.messages.iter().rev().find(|m| m.role == Role::User).cloned();
         prop_assert_eq!(serde_json::to_value(last_user(output)).unwrap(), serde_json::to_value(last_user(&request)).unwrap());
         prop_assert!(counter.request(output) <= counter.request(&request));
