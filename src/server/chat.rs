@@ -20,7 +20,7 @@ use crate::conversation::conversation_id;
 use crate::error::ProxyError;
 use crate::openai::ChatRequest;
 use crate::pipeline::{self, Mode, OnExceed, Rewrite, tools};
-use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end};
+use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end, is_event_stream};
 
 const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
 const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
@@ -228,13 +228,6 @@ async fn sticky_categories(
     categories.sort();
     categories.dedup();
     categories
-}
-
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// Runs the pipeline, timing it.

@@ -18,6 +18,14 @@ const HOP_BY_HOP: &[HeaderName] = &[
 ];
 
 /// A copy of `headers` without hop-by-hop headers (including those named by `Connection`).
+/// Whether a response is a server-sent event stream.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 pub fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     let named_by_connection: Vec<String> = headers
         .get_all(header::CONNECTION)

@@ -14,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
-pub use headers::{apply_upstream_auth, end_to_end};
+pub use headers::{apply_upstream_auth, end_to_end, is_event_stream};
 
 use crate::body::{BodyEnd, BodyObserver, ObservedBody, SseEventBody, TapBody};
 use crate::config::{Config, UpstreamConfig};
@@ -224,11 +224,7 @@ impl Upstream {
         } = answer;
         let (mut parts, body) = response.into_parts();
         parts.headers = end_to_end(&parts.headers);
-        let is_sse = parts
-            .headers
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let is_sse = is_event_stream(&parts.headers);
         let duration = metrics
             .upstream_duration
             .with_label_values(&[self.config.name.as_str()]);
