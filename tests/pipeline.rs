@@ -88,7 +88,7 @@ async fn optimize_sends_the_rewritten_request_and_reports_counts() {
         .iter()
         .map(|s| s["stage"].as_str().unwrap())
         .collect();
-    assert_eq!(stages, vec!["system", "window", "compact"]);
+    assert_eq!(stages, vec!["system", "window", "tools", "compact"]);
 
     let messages = sent["messages"].as_array().unwrap();
     // One system message, first, with the client's text verbatim at its start.
@@ -191,7 +191,7 @@ async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
     let refused = send(
         &proxy.url("/v1/chat/completions"),
         &body,
-        &[("x-ctxproxy-budget", "60")],
+        &[("x-ctxproxy-budget", "20")],
     )
     .await;
     assert_eq!(refused.status(), 400);
@@ -201,7 +201,7 @@ async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
         error["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("budget of 60")
+            .contains("budget of 20")
     );
     assert_eq!(MockStats::get(&mock.stats.chat_requests), 0);
 
@@ -220,7 +220,7 @@ async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
     let forwarded = send(
         &forwarding.url("/v1/chat/completions"),
         &body,
-        &[("x-ctxproxy-budget", "60")],
+        &[("x-ctxproxy-budget", "20")],
     )
     .await;
     assert_eq!(forwarded.status(), 200);

@@ -62,6 +62,9 @@ pub struct ToolsConfig {
     pub categories: Vec<ToolCategory>,
     /// Tools (names or `*` globs) never filtered.
     pub always: Vec<String>,
+    /// Keep tools whose name is a single word (`think`, `calculate`, `Finish`): agent
+    /// utilities a user never names, and small.
+    pub keep_single_word_tools: bool,
     /// When no category matches and the conversation has no sticky categories.
     pub on_no_match: OnNoMatch,
     /// Earlier turns read as context, and the characters read of each of their messages.
@@ -84,6 +87,7 @@ impl Default for ToolsConfig {
             enabled: true,
             categories: Vec::new(),
             always: Vec::new(),
+            keep_single_word_tools: true,
             on_no_match: OnNoMatch::DropAll,
             context_turns: 3,
             context_chars: 150,

@@ -6,8 +6,8 @@
 //! characters of each message). Selected categories keep their tools. When nothing matches,
 //! the conversation's sticky categories (those of its last tool-using turn, from the store) are
 //! used, else the `on_no_match` policy. Never removed: tools named by `tool_choice`, tools
-//! called in the history that is sent, `tools.always`, and, mid tool-loop, the categories
-//! already used in the current turn.
+//! called in the history that is sent, `tools.always`, single-word utilities (`think`,
+//! `calculate`), and, mid tool-loop, the categories already used in the current turn.
 
 mod catalog;
 
@@ -226,7 +226,9 @@ impl Stage for ToolsStage {
         }
         let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
         for name in &names {
-            if protected.iter().any(|p| p == name)
+            let utility = config.keep_single_word_tools && catalog::is_single_word(name);
+            if utility
+                || protected.iter().any(|p| p == name)
                 || config.always.iter().any(|p| glob_match(p, name))
             {
                 keep.insert((*name).to_owned());

@@ -44,6 +44,11 @@ fn segments(name: &str) -> Vec<&str> {
         .collect()
 }
 
+/// A name of one word (`think`, `calculate`, `Finish`): an agent utility, not part of an API.
+pub fn is_single_word(name: &str) -> bool {
+    segments(name).len() == 1 && !name.contains("__")
+}
+
 /// The namespace a tool name declares: before the first separator, or the server of an MCP
 /// tool (`mcp__jira__search` → `jira`).
 pub fn namespace(name: &str) -> String {
@@ -169,6 +174,12 @@ mod tests {
                 .unwrap()
             })
             .collect()
+    }
+
+    #[test]
+    fn single_words_are_utilities() {
+        assert!(is_single_word("think") && is_single_word("Finish"));
+        assert!(!is_single_word("get_weather") && !is_single_word("mcp__x__y"));
     }
 
     #[test]
