@@ -5,6 +5,7 @@
 pub mod analyze; // `ctxproxy analyze`: the pipeline over recorded requests
 pub mod auth; // proxy keys → tenants
 pub mod body; // response body adapters (end observation, deadlines, SSE framing)
+pub mod cache; // response caches: eligibility, keys, stream assembly and replay
 pub mod config; // typed config, env overrides, validation
 pub mod conversation; // conversation identity (header, user, or first messages), per tenant
 pub mod error; // ProxyError → OpenAI-format responses

@@ -10,7 +10,7 @@ mod compact;
 pub mod config;
 mod memo;
 mod system;
-mod text;
+pub(crate) mod text;
 pub mod tools;
 mod window;
 

@@ -1,0 +1,10 @@
+//! Response caches (seed 002 §4.1, §5): the deterministic cache answers a request that was
+//! already answered; the pieces here are pure (eligibility, keys, stream assembly and replay),
+//! the I/O is the store's.
+
+pub mod assemble;
+pub mod config;
+pub mod deterministic;
+pub mod time_words;
+
+pub use config::CacheConfig;
