@@ -125,6 +125,19 @@ pub trait BodyObserver: Send + 'static {
     fn on_end(self: Box<Self>, end: BodyEnd);
 }
 
+/// Several observers of one body, in order.
+pub struct Observers(pub Vec<Box<dyn BodyObserver>>);
+
+impl BodyObserver for Observers {
+    fn on_data(&mut self, data: &Bytes) {
+        self.0.iter_mut().for_each(|o| o.on_data(data));
+    }
+
+    fn on_end(self: Box<Self>, end: BodyEnd) {
+        self.0.into_iter().for_each(|o| o.on_end(end));
+    }
+}
+
 pin_project! {
     /// Passes a body through unchanged, showing it to an observer.
     pub struct TapBody<B>

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::CacheConfig;
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::ToolsConfig;
 use crate::store::StoreConfig;
@@ -57,6 +58,7 @@ pub struct RawConfig {
     pub pipeline: PipelineConfig,
     pub tools: ToolsConfig,
     pub store: StoreConfig,
+    pub cache: CacheConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -206,6 +208,7 @@ pub struct Config {
     pub auth_keys: HashMap<[u8; 32], String>,
     pub pipeline: PipelineConfig,
     pub store: StoreConfig,
+    pub cache: CacheConfig,
     /// The file as given plus defaults and overrides, for `check-config`.
     pub raw: RawConfig,
 }
@@ -465,6 +468,7 @@ impl RawConfig {
             auth_keys,
             pipeline,
             store: self.store.clone(),
+            cache: self.cache.clone(),
             raw: self,
         })
     }

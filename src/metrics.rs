@@ -32,6 +32,9 @@ pub struct Metrics {
     pub budget_outcomes: IntCounterVec,
     pub tools: IntCounterVec,
     pub tool_filter_decisions: IntCounterVec,
+    pub cache_requests: IntCounterVec,
+    pub cache_tokens_saved: IntCounterVec,
+    pub cache_lookup_duration: Histogram,
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
 }
@@ -145,6 +148,27 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let cache_requests = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_cache_requests_total",
+                "Cache lookups by cache (deterministic, dedup) and result (hit, miss, bypass, error).",
+            ),
+            &["cache", "result"],
+        )?;
+        let cache_tokens_saved = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_cache_tokens_saved_total",
+                "Tokens not spent thanks to cache hits, from the stored usage: kind=prompt|completion.",
+            ),
+            &["kind"],
+        )?;
+        let cache_lookup_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "ctxproxy_cache_lookup_duration_seconds",
+                "Time of one cache lookup in the store.",
+            )
+            .buckets(PIPELINE_BUCKETS.to_vec()),
+        )?;
         let store_errors = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_store_errors_total",
@@ -169,6 +193,9 @@ impl Metrics {
         registry.register(Box::new(budget_outcomes.clone()))?;
         registry.register(Box::new(tools.clone()))?;
         registry.register(Box::new(tool_filter_decisions.clone()))?;
+        registry.register(Box::new(cache_requests.clone()))?;
+        registry.register(Box::new(cache_tokens_saved.clone()))?;
+        registry.register(Box::new(cache_lookup_duration.clone()))?;
         registry.register(Box::new(store_errors.clone()))?;
         registry.register(Box::new(store_up.clone()))?;
         Ok(Metrics {
@@ -179,6 +206,9 @@ impl Metrics {
             budget_outcomes,
             tools,
             tool_filter_decisions,
+            cache_requests,
+            cache_tokens_saved,
+            cache_lookup_duration,
             store_errors,
             store_up,
             registry,

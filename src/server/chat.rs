@@ -13,9 +13,10 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
-use crate::body::BodyObserver;
+use crate::body::{BodyObserver, Observers};
 use crate::conversation::conversation_id;
 use crate::error::ProxyError;
 use crate::openai::ChatRequest;
@@ -83,6 +84,29 @@ pub async fn chat_completions(
         }
     };
 
+    let tenant = context.tenant.as_str();
+    let cache = cached::look_up(
+        &state,
+        &chat,
+        &body,
+        &parts.headers,
+        tenant,
+        &upstream.config.name,
+    )
+    .await;
+    let (cache_key, cache_label) = match cache {
+        Lookup::Hit(mut response) => {
+            if let Some((before, after)) = counts {
+                let headers = response.headers_mut();
+                headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
+                headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
+            }
+            return Ok(response);
+        }
+        Lookup::Miss(key) => (key, "miss"),
+        Lookup::Bypass => (None, "bypass"),
+    };
+
     let mut headers = end_to_end(&parts.headers);
     headers.remove(header::CONTENT_LENGTH);
     // Responses are read by later stages (usage, caches): ask for them uncompressed.
@@ -109,18 +133,27 @@ pub async fn chat_completions(
             &state.metrics,
         )
         .await?;
-    let observer = conversation
-        .filter(|_| answer.response.status().is_success())
-        .map(|conversation| {
-            let streamed = is_event_stream(answer.response.headers());
-            Box::new(StickyUpdate::new(
+    let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
+    if answer.response.status().is_success() {
+        let streamed = is_event_stream(answer.response.headers());
+        if let Some(conversation) = conversation {
+            observers.push(Box::new(StickyUpdate::new(
                 state.clone(),
                 conversation,
                 &chat,
                 streamed,
-            )) as Box<dyn BodyObserver>
-        });
+            )));
+        }
+        if let Some(key) = cache_key {
+            observers.push(Box::new(CacheWrite::new(state.clone(), key, streamed)));
+        }
+    }
+    let observer =
+        (!observers.is_empty()).then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>);
     let mut response = upstream.relay(answer, &state.metrics, observer);
+    response
+        .headers_mut()
+        .insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache_label));
     if let Some((before, after)) = counts {
         let headers = response.headers_mut();
         headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));

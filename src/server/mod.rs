@@ -4,6 +4,7 @@
 //! transparent pass-through ([`passthrough`]); [`middleware`] wraps them all with request ids,
 //! auth, the concurrency limit, metrics and the access log.
 
+mod cached;
 mod chat;
 mod middleware;
 mod ops;
