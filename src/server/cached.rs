@@ -24,8 +24,10 @@ const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 
 pub enum Lookup {
     Hit(Response<Body>),
-    /// Not served from the cache; `Some(key)` when the answer should be stored.
-    Miss(Option<String>),
+    /// Not in the cache: the answer is stored under the key.
+    Miss(String),
+    /// `Cache-Control: no-cache`: no lookup, but the fresh answer is stored.
+    WriteOnly(String),
     Bypass,
 }
 
@@ -60,7 +62,7 @@ pub async fn look_up(
     let key = key(&value, tenant, route, config);
     if decision == Decision::WriteOnly {
         count(state, "bypass");
-        return Lookup::Miss(Some(key));
+        return Lookup::WriteOnly(key);
     }
     let started = Instant::now();
     let entry = state.store.get(&key).await;
@@ -70,12 +72,12 @@ pub async fn look_up(
         .observe(started.elapsed().as_secs_f64());
     let Some(bytes) = entry else {
         count(state, "miss");
-        return Lookup::Miss(Some(key));
+        return Lookup::Miss(key);
     };
     let Ok(completion) = serde_json::from_slice::<ChatCompletion>(&bytes) else {
         state.store.delete(&key).await;
         count(state, "error");
-        return Lookup::Miss(Some(key));
+        return Lookup::Miss(key);
     };
     count(state, "hit");
     if let Some(usage) = completion.usage.get() {

@@ -103,7 +103,8 @@ pub async fn chat_completions(
             }
             return Ok(response);
         }
-        Lookup::Miss(key) => (key, "miss"),
+        Lookup::Miss(key) => (Some(key), "miss"),
+        Lookup::WriteOnly(key) => (Some(key), "bypass"),
         Lookup::Bypass => (None, "bypass"),
     };
 

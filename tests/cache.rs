@@ -1,0 +1,170 @@
+//! The deterministic cache through the running proxy and the machine's Redis: hits skip the
+//! upstream, any parameter change misses, tenants never share entries, time-dependent questions
+//! and cut streams are never cached, streams are replayed, Cache-Control is honoured.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Mock, Proxy, client, start_mock, start_proxy};
+use ctxproxy::auth::hash_key;
+use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use serde_json::{Value, json};
+
+fn question(text: &str) -> Value {
+    json!({"model": "gpt-4o", "temperature": 0, "messages": [{"role": "user", "content": text}]})
+}
+
+async fn post(
+    proxy: &Proxy,
+    body: &Value,
+    key: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+fn cache_header(response: &reqwest::Response) -> String {
+    response.headers()["x-ctxproxy-cache"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn setup() -> (Mock, Proxy) {
+    let mock = start_mock(MockOptions::default()).await;
+    let toml = format!(
+        "[upstream]\nbase_url = \"{}\"\n[[auth.keys]]\nsha256 = \"{}\"\ntenant = \"a\"\n[[auth.keys]]\nsha256 = \"{}\"\ntenant = \"b\"\n",
+        mock.base_url(),
+        hash_key("key-a"),
+        hash_key("key-b")
+    );
+    let proxy = start_proxy(&toml).await;
+    (mock, proxy)
+}
+
+/// Sends `body` until it is a hit (the entry is written after the first answer ends).
+async fn until_hit(proxy: &Proxy, body: &Value, key: &str) -> reqwest::Response {
+    for _ in 0..100 {
+        let response = post(proxy, body, key, &[]).await;
+        if cache_header(&response) == "hit" {
+            return response;
+        }
+        response.bytes().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never a hit");
+}
+
+#[tokio::test]
+async fn a_repeated_request_is_a_hit_and_any_change_a_miss() {
+    let (mock, proxy) = setup().await;
+    let body = question("What is the capital of France?");
+    let first = post(&proxy, &body, "key-a", &[]).await;
+    assert_eq!(cache_header(&first), "miss");
+    let original: Value = first.json().await.unwrap();
+    let hit = until_hit(&proxy, &body, "key-a").await;
+    let served: Value = hit.json().await.unwrap();
+    assert_eq!(served, original);
+    let calls = MockStats::get(&mock.stats.chat_requests);
+
+    // Any parameter changes the key.
+    for (field, value) in [
+        ("temperature", json!(0.5)),
+        ("reasoning_effort", json!("high")),
+        ("response_format", json!({"type": "json_object"})),
+        ("tool_choice", json!("none")),
+    ] {
+        let mut changed = body.clone();
+        changed[field] = value;
+        let response = post(&proxy, &changed, "key-a", &[]).await;
+        assert_ne!(cache_header(&response), "hit", "{field}");
+    }
+    // Another tenant never gets tenant a's entry.
+    assert_eq!(
+        cache_header(&post(&proxy, &body, "key-b", &[]).await),
+        "miss"
+    );
+    // Cache-Control: no-cache skips the lookup; no-store skips lookup and write.
+    let no_cache = post(&proxy, &body, "key-a", &[("cache-control", "no-cache")]).await;
+    assert_eq!(cache_header(&no_cache), "bypass");
+    let no_store_body = question("What is the capital of Peru?");
+    for _ in 0..3 {
+        let response = post(
+            &proxy,
+            &no_store_body,
+            "key-a",
+            &[("cache-control", "no-store")],
+        )
+        .await;
+        assert_eq!(cache_header(&response), "bypass");
+    }
+    assert_eq!(
+        cache_header(&post(&proxy, &no_store_body, "key-a", &[]).await),
+        "miss"
+    );
+    assert!(MockStats::get(&mock.stats.chat_requests) > calls);
+}
+
+#[tokio::test]
+async fn time_dependent_questions_are_never_cached() {
+    let (_mock, proxy) = setup().await;
+    let body = question("What time is it in Lima right now?");
+    for _ in 0..3 {
+        let response = post(&proxy, &body, "key-a", &[]).await;
+        assert_eq!(cache_header(&response), "bypass");
+        response.bytes().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_stream_is_cached_whole_and_replayed_as_a_stream() {
+    let (mock, proxy) = setup().await;
+    let mut body = question("List three primes");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let first = post(&proxy, &body, "key-a", &[]).await;
+    let streamed = first.text().await.unwrap();
+    let hit = until_hit(&proxy, &body, "key-a").await;
+    assert!(
+        hit.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let replayed = hit.text().await.unwrap();
+    let content = |sse: &str| -> (String, bool) {
+        let mut text = String::new();
+        let mut usage = false;
+        for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                continue;
+            }
+            let chunk: Value = serde_json::from_str(line).unwrap();
+            usage |= chunk["usage"].is_object();
+            if let Some(piece) = chunk["choices"][0]["delta"]["content"].as_str() {
+                text.push_str(piece);
+            }
+        }
+        (text, usage)
+    };
+    assert_eq!(content(&replayed), content(&streamed));
+    assert!(replayed.ends_with("data: [DONE]\n\n"));
+    // The same question as JSON is served from the entry the stream wrote.
+    let calls = MockStats::get(&mock.stats.chat_requests);
+    let json_body = question("List three primes");
+    let response = post(&proxy, &json_body, "key-a", &[]).await;
+    assert_eq!(cache_header(&response), "hit");
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"].as_str().unwrap(),
+        content(&streamed).0
+    );
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), calls);
+}
