@@ -294,13 +294,42 @@ impl PipelineConfig {
         if self.budget.max_tokens == 0 {
             return err("budget.max_tokens", "must be greater than 0");
         }
-        for category in &self.tools.categories {
+        let tools = &self.tools;
+        let tools_err =
+            |key: &str, message: &str| Err((format!("tools.{key}"), message.to_owned()));
+        let mut names = std::collections::HashSet::new();
+        for category in &tools.categories {
             if category.name.trim().is_empty() || category.tools.is_empty() {
-                return Err((
-                    "tools.categories".to_owned(),
-                    "every category needs a name and at least one tool".to_owned(),
-                ));
+                return tools_err(
+                    "categories",
+                    "every category needs a name and at least one tool",
+                );
             }
+            if !names.insert(category.name.as_str()) {
+                return tools_err(
+                    "categories",
+                    &format!("category `{}` is defined twice", category.name),
+                );
+            }
+            if category.keywords.is_empty() || category.keywords.iter().any(|k| k.trim().is_empty())
+            {
+                return tools_err(
+                    "categories",
+                    &format!("category `{}` needs non-empty keywords", category.name),
+                );
+            }
+        }
+        if tools.always.iter().any(|t| t.trim().is_empty()) {
+            return tools_err("always", "tool names must not be empty");
+        }
+        if !(tools.min_score.is_finite() && tools.min_score > 0.0) {
+            return tools_err("min_score", "must be a number greater than 0");
+        }
+        if !(tools.context_weight.is_finite() && tools.context_weight >= 0.0) {
+            return tools_err("context_weight", "must be a number of at least 0");
+        }
+        if tools.sticky_ttl_secs == 0 {
+            return tools_err("sticky_ttl_secs", "must be greater than 0");
         }
         if self.compact.tool_result_max_tokens == 0 {
             return err("compact.tool_result_max_tokens", "must be greater than 0");

@@ -170,6 +170,15 @@ impl Stage for ToolsStage {
         let Some(tools) = request.tools.get().filter(|t| !t.is_empty()) else {
             return StageOutput::unchanged(json!({"offered": 0}));
         };
+        // "required", or a choice among allowed tools: the client demands a tool call, and
+        // only the client knows which tools may answer it.
+        if let Some(choice) = request.tool_choice.get()
+            && (choice.as_str() == Some("required")
+                || choice.get("type").and_then(Value::as_str) == Some("allowed_tools"))
+        {
+            return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
+                "reason": Reason::Protected.as_str(), "tool_choice": choice}));
+        }
         let config = &cx.config.tools;
         let catalog = Catalog::build(tools, config);
         let messages = &request.messages;
@@ -477,6 +486,15 @@ mod tests {
             |c| c.tools.always = vec!["weather_*".into()],
         );
         assert_eq!(sent, ["email_send", "weather_forecast"]);
+        // A demanded tool call keeps every tool: the client chose among them.
+        let (sent, request) = sent_tools(
+            user("thanks!"),
+            json!({"tool_choice": "required"}),
+            &[],
+            |_| {},
+        );
+        assert_eq!(sent.len(), 5);
+        assert_eq!(request.tool_choice.get(), Some(&json!("required")));
         // Mid tool-loop: the last message is a result; the loop's categories stay.
         let messages = json!([
             {"role": "user", "content": "what's on my calendar, then email it to Ana"},

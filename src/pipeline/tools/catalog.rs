@@ -37,11 +37,26 @@ pub fn keyword_words(keyword: &str) -> Vec<String> {
     content_words(keyword)
 }
 
-/// Splits a tool name into its segments (`mcp__jira__search_issues` → mcp, jira, search, issues).
+/// Splits a tool name into its segments at separators and camelCase humps
+/// (`mcp__jira__search_issues` → mcp, jira, search, issues; `getWeather` → get, Weather).
 fn segments(name: &str) -> Vec<&str> {
-    name.split(['_', '.', '-', '/', ':'])
+    let mut out = Vec::new();
+    for part in name
+        .split(['_', '.', '-', '/', ':'])
         .filter(|s| !s.is_empty())
-        .collect()
+    {
+        let mut start = 0;
+        let mut previous_lower = false;
+        for (i, c) in part.char_indices() {
+            if c.is_uppercase() && previous_lower {
+                out.push(&part[start..i]);
+                start = i;
+            }
+            previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        }
+        out.push(&part[start..]);
+    }
+    out
 }
 
 /// A name of one word (`think`, `calculate`, `Finish`): an agent utility, not part of an API.
@@ -180,6 +195,7 @@ mod tests {
     fn single_words_are_utilities() {
         assert!(is_single_word("think") && is_single_word("Finish"));
         assert!(!is_single_word("get_weather") && !is_single_word("mcp__x__y"));
+        assert!(!is_single_word("getWeather") && !is_single_word("createCalendarEvent"));
     }
 
     #[test]
@@ -188,6 +204,7 @@ mod tests {
         assert_eq!(namespace("mcp__jira__search"), "jira");
         assert_eq!(namespace("slack.post-message"), "slack");
         assert_eq!(namespace("calculate"), "calculate");
+        assert_eq!(namespace("sendEmail"), "send");
     }
 
     #[test]
