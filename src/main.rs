@@ -187,12 +187,7 @@ async fn serve(config: Config) -> Result<(), String> {
     let listen = config.server.listen;
     let state = AppState::new(config).map_err(|e| e.to_string())?;
     state.tokenizers.warm_up();
-    if !state.store.ping().await {
-        tracing::warn!(
-            backend = state.store.backend(),
-            "store: Redis does not answer; serving from memory until it does"
-        );
-    }
+    state.store.check_at_start().await;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

@@ -64,6 +64,19 @@ impl Breaker {
         *state = State::Closed { failures: 0 };
     }
 
+    /// Opens at once (Redis found down at startup), logging the outage once.
+    pub fn trip(&self, error: &str) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if matches!(*state, State::Closed { .. }) {
+            tracing::warn!(%error, "store: Redis is unreachable; using the in-memory store until it is back");
+        }
+        *state = State::Open {
+            retry_at: Instant::now() + self.probe_every,
+        };
+    }
+
     pub fn failure(&self, error: &str) {
         let Ok(mut state) = self.state.lock() else {
             return;

@@ -211,6 +211,25 @@ impl Store {
         .unwrap_or_default()
     }
 
+    /// At startup: when Redis does not answer, serve from memory from the first request on
+    /// (logged once) instead of making the first requests wait for it.
+    pub async fn check_at_start(&self) {
+        let Some(redis) = &self.redis else {
+            return;
+        };
+        let result =
+            tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), redis.ping())
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+        match result {
+            Ok(()) => self.breaker.success(),
+            Err(e) => {
+                self.breaker.trip(&e.to_string());
+                self.metrics.up.set(0);
+            }
+        }
+    }
+
     /// Checks Redis now (for startup and `/readyz`): a success closes the breaker.
     pub async fn ping(&self) -> bool {
         self.run("ping", async |r| r.ping().await, async |m| m.ping().await)
