@@ -106,5 +106,31 @@ try:
 except openai.BadRequestError as e:
     assert e.status_code == 400 and e.body["param"] == "messages", e.body
 
+# 7. A cached answer replayed as a stream parses like the original stream (temperature 0 makes
+#    the request cacheable; the entry is written after the first stream ends).
+import time
+
+cached_request = dict(model=MODEL, temperature=0, tools=tools,
+                      messages=[{"role": "user", "content": "Weather in Quito, please"}],
+                      extra_headers={"X-Mock-Tool-Call": "get_weather"})
+with client.chat.completions.stream(**cached_request) as events:
+    original = events.get_final_completion()
+for _ in range(100):
+    raw = client.chat.completions.with_raw_response.create(stream=True, **cached_request)
+    if raw.headers.get("x-ctxproxy-cache") == "hit":
+        break
+    for _chunk in raw.parse():
+        pass
+    time.sleep(0.02)
+else:
+    raise AssertionError("the streamed answer was never cached")
+with client.chat.completions.stream(**cached_request) as events:
+    replayed = events.get_final_completion()
+original_call = original.choices[0].message.tool_calls[0]
+replayed_call = replayed.choices[0].message.tool_calls[0]
+assert (replayed_call.id, replayed_call.function.name, replayed_call.function.arguments) == (
+    original_call.id, original_call.function.name, original_call.function.arguments), replayed
+assert replayed.choices[0].finish_reason == original.choices[0].finish_reason
+
 print("openai SDK checks passed")
 sys.exit(0)
