@@ -396,3 +396,53 @@ mod tests {
         assert!((hundred - twenty).abs() <= 0.1 * twenty, "{sent:?}");
     }
 }
+
+/// The dedup decision over labelled pairs (`{"a", "b", "duplicate"}` per line).
+#[derive(Debug, Default, Serialize)]
+pub struct PairEvaluation {
+    pub pairs: u64,
+    pub true_positives: u64,
+    pub false_positives: u64,
+    pub false_negatives: u64,
+    pub true_negatives: u64,
+    pub precision: f64,
+    pub recall: f64,
+    pub threshold: f32,
+}
+
+pub fn dedup_pairs(reader: impl BufRead, threshold: f32) -> std::io::Result<PairEvaluation> {
+    let mut eval = PairEvaluation {
+        threshold,
+        ..PairEvaluation::default()
+    };
+    for line in reader.lines() {
+        let line = line?;
+        let Ok(pair) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let (Some(a), Some(b), Some(label)) = (
+            pair.get("a").and_then(Value::as_str),
+            pair.get("b").and_then(Value::as_str),
+            pair.get("duplicate").and_then(Value::as_bool),
+        ) else {
+            continue;
+        };
+        eval.pairs += 1;
+        match (crate::cache::dedup::is_duplicate(a, b, threshold), label) {
+            (true, true) => eval.true_positives += 1,
+            (true, false) => eval.false_positives += 1,
+            (false, true) => eval.false_negatives += 1,
+            (false, false) => eval.true_negatives += 1,
+        }
+    }
+    let ratio = |x: u64, y: u64| {
+        if x + y == 0 {
+            0.0
+        } else {
+            x as f64 / (x + y) as f64
+        }
+    };
+    eval.precision = ratio(eval.true_positives, eval.false_positives);
+    eval.recall = ratio(eval.true_positives, eval.false_negatives);
+    Ok(eval)
+}

@@ -47,6 +47,12 @@ enum Command {
         /// 10, 20, 50 and 100 turns (the window keeps this flat).
         #[arg(long, conflicts_with = "file")]
         growth: bool,
+        /// The file holds labelled question pairs (`{"a","b","duplicate"}`): report the
+        /// precision and recall of the dedup decision at `--threshold`.
+        #[arg(long)]
+        pairs: bool,
+        #[arg(long, default_value_t = 0.85)]
+        threshold: f32,
         #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
         config: PathBuf,
         /// Print the report as JSON.
@@ -92,6 +98,8 @@ fn main() -> ExitCode {
         Command::Analyze {
             file,
             growth,
+            pairs,
+            threshold,
             config,
             json,
         } => {
@@ -120,6 +128,21 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            if pairs {
+                return match ctxproxy::analyze::dedup_pairs(reader, threshold) {
+                    Ok(eval) => {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&eval).unwrap_or_default()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("cannot read {}: {e}", file.display());
+                        ExitCode::FAILURE
+                    }
+                };
+            }
             // The recording's meta file (FILE.meta.jsonl) gives tool recall.
             let meta_path = file.with_extension("meta.jsonl");
             let meta = std::fs::File::open(&meta_path)

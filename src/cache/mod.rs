@@ -4,6 +4,7 @@
 
 pub mod assemble;
 pub mod config;
+pub mod dedup;
 pub mod deterministic;
 pub mod time_words;
 

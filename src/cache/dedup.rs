@@ -1,0 +1,269 @@
+//! The dedup decision (pure, seed 002 §5): is a new question the same as an earlier one? A
+//! built-in lexical embedder (folded words, word pairs and character trigrams hashed into a
+//! fixed-size vector) gives the similarity; a hit also needs every guard to pass — the same
+//! negations, no antonym swapped, the same question word, the same numbers and distinctive
+//! tokens (names, identifiers, C++), and the same content words in the same order — so "turn on
+//! dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
+//! worse than a miss.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use crate::pipeline::text::{is_stop_word, normalize, stem};
+
+/// Dimensions of the lexical embedding.
+pub const DIMENSIONS: usize = 512;
+const SEED: u64 = 0x6465_6475_7065_6d62;
+
+const NEGATIONS: &[&str] = &[
+    "not", "no", "never", "dont", "doesnt", "didnt", "cant", "cannot", "wont", "isnt", "arent",
+    "wasnt", "shouldnt", "without", "nunca", "sin", "tampoco", "ni", "nadie", "ningun", "ninguna",
+    "nothing", "none", "neither", "nor",
+];
+
+/// Pairs of words whose swap reverses a question (folded).
+const ANTONYMS: &[(&str, &str)] = &[
+    ("on", "off"),
+    ("enable", "disable"),
+    ("accept", "decline"),
+    ("increase", "decrease"),
+    ("improve", "damage"),
+    ("open", "close"),
+    ("start", "stop"),
+    ("add", "remove"),
+    ("buy", "sell"),
+    ("before", "after"),
+    ("max", "min"),
+    ("maximum", "minimum"),
+    ("best", "worst"),
+    ("more", "less"),
+    ("activar", "desactivar"),
+    ("encender", "apagar"),
+    ("comprar", "vender"),
+    ("aceptar", "rechazar"),
+    ("antes", "despues"),
+    ("in", "out"),
+    ("under", "over"),
+    ("above", "below"),
+    ("import", "export"),
+    ("upload", "download"),
+];
+
+/// Question words, by what they ask (what/which ask the same).
+const QUESTION_WORDS: &[(&str, &str)] = &[
+    ("what", "what"),
+    ("which", "what"),
+    ("who", "who"),
+    ("whom", "who"),
+    ("where", "where"),
+    ("when", "when"),
+    ("why", "why"),
+    ("how", "how"),
+    ("que", "what"),
+    ("cual", "what"),
+    ("quien", "who"),
+    ("donde", "where"),
+    ("cuando", "when"),
+    ("por", "why"),
+    ("como", "how"),
+];
+
+/// Words whose presence in only one question does not change what it asks.
+const SOFT_WORDS: &[&str] = &[
+    "some", "good", "best", "really", "actually", "way", "please", "exactly", "possible", "easy",
+    "easiest", "quick", "quickly", "simple", "favorite", "thing", "anyone", "someone", "tell",
+    "know", "can", "could", "would", "should", "do", "does", "doe", "did",
+];
+
+/// Folded words with apostrophes dropped ("don't" → "dont").
+fn words(text: &str) -> Vec<String> {
+    normalize(text)
+        .replace(['\'', '’'], "")
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn bucket(feature: &str) -> usize {
+    let mut hasher = foldhash::quality::FixedState::with_seed(SEED).build_hasher();
+    feature.hash(&mut hasher);
+    (hasher.finish() % DIMENSIONS as u64) as usize
+}
+
+/// The normalized lexical embedding of a question.
+pub fn embed(text: &str) -> Vec<f32> {
+    let mut vector = vec![0f32; DIMENSIONS];
+    let content: Vec<String> = words(text)
+        .into_iter()
+        .filter(|w| !is_stop_word(w) || NEGATIONS.contains(&w.as_str()))
+        .map(|w| stem(&w))
+        .collect();
+    for word in &content {
+        vector[bucket(word)] += 1.0;
+        let padded: Vec<char> = format!("^{word}$").chars().collect();
+        for gram in padded.windows(3) {
+            vector[bucket(&gram.iter().collect::<String>())] += 0.25;
+        }
+    }
+    for pair in content.windows(2) {
+        vector[bucket(&format!("{} {}", pair[0], pair[1]))] += 0.5;
+    }
+    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        vector.iter_mut().for_each(|x| *x /= norm);
+    }
+    vector
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Numbers, identifiers (letters and digits) and capitalized names (not the first word), in
+/// order: what a question is about, which no paraphrase changes.
+fn distinctive(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, raw) in text
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '?' | '!' | '(' | ')' | '"'))
+        .filter(|w| !w.is_empty())
+        .enumerate()
+    {
+        let token = raw.trim_matches(|c: char| !c.is_alphanumeric());
+        if token.is_empty() {
+            continue;
+        }
+        let has_digit = token.chars().any(|c| c.is_ascii_digit());
+        let capitalized = i > 0 && token.chars().next().is_some_and(char::is_uppercase);
+        let symbols = raw.contains(['+', '#', '£', '$', '€', '%']);
+        if has_digit || capitalized || symbols {
+            out.push(normalize(raw.trim_matches(['.', ':'])));
+        }
+    }
+    out
+}
+
+/// Why two questions must not share an answer, if they must not.
+pub fn guard(a: &str, b: &str) -> Result<(), &'static str> {
+    let (wa, wb) = (words(a), words(b));
+    let negations = |w: &[String]| w.iter().filter(|x| NEGATIONS.contains(&x.as_str())).count();
+    if negations(&wa) % 2 != negations(&wb) % 2 {
+        return Err("negation");
+    }
+    for (x, y) in ANTONYMS {
+        let has = |w: &[String], t: &str| w.iter().any(|v| v == t);
+        if (has(&wa, x) && has(&wb, y) && !has(&wa, y))
+            || (has(&wa, y) && has(&wb, x) && !has(&wa, x))
+        {
+            return Err("antonym");
+        }
+    }
+    let asks = |w: &[String]| -> Vec<&str> {
+        let mut kinds: Vec<&str> = w
+            .iter()
+            .filter_map(|x| QUESTION_WORDS.iter().find(|(q, _)| q == x).map(|(_, k)| *k))
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        kinds
+    };
+    if asks(&wa) != asks(&wb) {
+        return Err("question");
+    }
+    let numbers = |w: &[String]| -> Vec<String> {
+        w.iter()
+            .filter(|x| x.chars().any(|c| c.is_ascii_digit()))
+            .cloned()
+            .collect()
+    };
+    if numbers(&wa) != numbers(&wb) {
+        return Err("number");
+    }
+    if distinctive(a) != distinctive(b) {
+        return Err("distinctive");
+    }
+    // The same content words, in the same order ("girls like guys" ≠ "guys like girls").
+    let content = |w: &[String]| -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for word in w
+            .iter()
+            .filter(|x| !is_stop_word(x) && !SOFT_WORDS.contains(&x.as_str()))
+            .map(|x| stem(x))
+            .filter(|x| !SOFT_WORDS.contains(&x.as_str()))
+        {
+            if !out.contains(&word) {
+                out.push(word);
+            }
+        }
+        out
+    };
+    if content(&wa) != content(&wb) {
+        return Err("content");
+    }
+    Ok(())
+}
+
+/// Whether `b` may be answered with `a`'s answer.
+pub fn is_duplicate(a: &str, b: &str, threshold: f32) -> bool {
+    cosine(&embed(a), &embed(b)) >= threshold && guard(a, b).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paraphrases_match_and_guards_refuse_look_alikes() {
+        assert!(is_duplicate(
+            "How do I reset my password?",
+            "how do I reset my password",
+            0.85
+        ));
+        assert!(
+            cosine(
+                &embed("How do I reset my password?"),
+                &embed("How can I reset my password?")
+            ) > 0.85
+        );
+        assert_eq!(
+            guard("Turn on dark mode", "Turn off dark mode"),
+            Err("antonym")
+        );
+        assert_eq!(
+            guard("Show invoice 1043", "Show invoice 1044"),
+            Err("number")
+        );
+        assert_eq!(guard("Can I cancel?", "Can't I cancel?"), Err("negation"));
+        assert_eq!(
+            guard(
+                "Flights from Paris to London",
+                "Flights from London to Paris"
+            ),
+            Err("distinctive")
+        );
+        assert!(!is_duplicate(
+            "What is Rust?",
+            "What is the capital of France?",
+            0.85
+        ));
+        assert_eq!(guard("Who is Ada?", "Where is Ada?"), Err("question"));
+        assert_eq!(
+            guard("A good book on design?", "A good book?"),
+            Err("content")
+        );
+        assert_eq!(
+            guard("Do guys like girls?", "Do girls like guys?"),
+            Err("content")
+        );
+        assert_eq!(
+            guard("Learn C++ first?", "Learn C# first?"),
+            Err("distinctive")
+        );
+        assert!(
+            guard(
+                "How can I reset my password?",
+                "How do I reset my password?"
+            )
+            .is_ok()
+        );
+    }
+}
