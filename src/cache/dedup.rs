@@ -6,7 +6,7 @@
 //! dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
 //! worse than a miss.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 use crate::pipeline::text::{is_stop_word, normalize, stem};
 
@@ -85,9 +85,8 @@ fn words(text: &str) -> Vec<String> {
 }
 
 fn bucket(feature: &str) -> usize {
-    let mut hasher = foldhash::quality::FixedState::with_seed(SEED).build_hasher();
-    feature.hash(&mut hasher);
-    (hasher.finish() % DIMENSIONS as u64) as usize
+    let hash = foldhash::quality::FixedState::with_seed(SEED).hash_one(feature);
+    (hash % DIMENSIONS as u64) as usize
 }
 
 /// The normalized lexical embedding of a question.
