@@ -168,3 +168,54 @@ async fn a_stream_is_cached_whole_and_replayed_as_a_stream() {
     );
     assert_eq!(MockStats::get(&mock.stats.chat_requests), calls);
 }
+
+#[tokio::test]
+async fn dedup_answers_a_paraphrase_with_the_disclaimer_and_refuses_look_alikes() {
+    let mock = start_mock(MockOptions::default()).await;
+    let toml = format!(
+        "[upstream]\nbase_url = \"{}\"\n[cache.dedup]\nenabled = true\n",
+        mock.base_url()
+    );
+    let proxy = start_proxy(&toml).await;
+    let ask = |text: &str, user: &str| {
+        json!({"model": "gpt-4o", "temperature": 0.7, "user": user, "messages": [
+            {"role": "system", "content": "You are a support bot."},
+            {"role": "user", "content": text}]})
+    };
+    let first = post(&proxy, &ask("How do I reset my password?", "u1"), "k", &[]).await;
+    let original: Value = first.json().await.unwrap();
+    let original_text = original["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Another user asks the same thing in other words: the earlier answer, marked.
+    let mut reused = None;
+    for _ in 0..100 {
+        let response = post(&proxy, &ask("How can I reset my password", "u2"), "k", &[]).await;
+        if cache_header(&response) == "dedup" {
+            reused = Some(response.json::<Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let reused = reused.expect("never a dedup hit");
+    let text = reused["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(
+        text,
+        format!("[Answer retrieved from an earlier conversation]\n\n{original_text}")
+    );
+    assert_eq!(reused["usage"]["total_tokens"], 0);
+    // Look-alikes never hit.
+    for different in [
+        "How do I not reset my password?",
+        "How do I reset my PIN?",
+        "Why do I reset my password?",
+    ] {
+        let response = post(&proxy, &ask(different, "u3"), "k", &[]).await;
+        assert_ne!(cache_header(&response), "dedup", "{different}");
+    }
+    // Another scope (system prompt) never hits.
+    let mut other = ask("How can I reset my password", "u4");
+    other["messages"][0]["content"] = json!("You are a different bot.");
+    assert_ne!(cache_header(&post(&proxy, &other, "k", &[]).await), "dedup");
+}

@@ -18,6 +18,7 @@ pub enum Accept {
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {
     pub deterministic: DeterministicConfig,
+    pub dedup: DedupConfig,
     /// Words and phrases that make a question time-dependent (never cached), folded.
     pub time_words: Vec<String>,
 }
@@ -43,10 +44,49 @@ impl Default for DeterministicConfig {
     }
 }
 
+/// Who may share a dedup answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupScope {
+    /// Tenant + model + the client's system prompt.
+    System,
+    /// The same, and the request's `user` field.
+    User,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DedupConfig {
+    pub enabled: bool,
+    pub scope: DedupScope,
+    /// Similarity a hit needs (seed 002 §5.4), besides every guard.
+    pub threshold: f32,
+    /// Questions kept per scope (oldest evicted).
+    pub max_entries: usize,
+    pub ttl_secs: u64,
+    /// Put by the proxy at the start of a reused answer.
+    pub disclaimer: String,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            // Opt-in: reusing an answer across a scope's users is a product decision.
+            enabled: false,
+            scope: DedupScope::System,
+            threshold: 0.85,
+            max_entries: 500,
+            ttl_secs: 24 * 3600,
+            disclaimer: "[Answer retrieved from an earlier conversation]".into(),
+        }
+    }
+}
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             deterministic: DeterministicConfig::default(),
+            dedup: DedupConfig::default(),
             time_words: super::time_words::DEFAULT
                 .iter()
                 .map(|w| (*w).to_owned())

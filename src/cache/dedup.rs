@@ -114,6 +114,20 @@ pub fn embed(text: &str) -> Vec<f32> {
     vector
 }
 
+/// A vector as hex of its components quantized to i8 (compact to store beside a question).
+pub fn encode(vector: &[f32]) -> String {
+    let bytes: Vec<u8> = vector
+        .iter()
+        .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8 as u8)
+        .collect();
+    hex::encode(bytes)
+}
+
+pub fn decode(text: &str) -> Option<Vec<f32>> {
+    let bytes = hex::decode(text).ok()?;
+    (bytes.len() == DIMENSIONS).then(|| bytes.iter().map(|b| f32::from(*b as i8) / 127.0).collect())
+}
+
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

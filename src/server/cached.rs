@@ -12,15 +12,167 @@ use bytes::Bytes;
 
 use super::SharedState;
 use crate::body::{BodyEnd, BodyObserver};
+use sha2::{Digest, Sha256};
+
 use crate::cache::assemble::{StreamAssembler, replay, sse_body};
+use crate::cache::config::DedupScope;
+use crate::cache::dedup::{cosine, decode, embed, encode, guard};
 use crate::cache::deterministic::{Decision, decide, key};
+use crate::cache::time_words::is_time_dependent;
 use crate::openai::sse::event_data;
-use crate::openai::{ChatCompletion, ChatCompletionChunk, ChatRequest};
+use crate::openai::{
+    ChatCompletion, ChatCompletionChunk, ChatRequest, Content, Nullable, Role, Usage,
+};
 
 pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cache");
 
 /// The largest answer the cache stores.
 const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
+
+/// A dedup-eligible question: where its scope's questions live, and the question.
+pub struct DedupPlan {
+    key: String,
+    question: String,
+    vector: Vec<f32>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct DedupEntry {
+    question: String,
+    vector: String,
+    answer: ChatCompletion,
+}
+
+fn count_dedup(state: &SharedState, result: &str) {
+    state
+        .metrics
+        .cache_requests
+        .with_label_values(&["dedup", result])
+        .inc();
+}
+
+/// A conversational question the dedup cache may answer: the last message is the user's text,
+/// not time-dependent, and the client allows caching.
+pub fn dedup_plan(
+    state: &SharedState,
+    chat: &ChatRequest,
+    headers: &HeaderMap,
+    tenant: &str,
+) -> Option<DedupPlan> {
+    let config = &state.config.cache;
+    if !config.dedup.enabled {
+        return None;
+    }
+    let last = chat.messages.last().filter(|m| m.role == Role::User)?;
+    let question = match last.content.get()? {
+        Content::Text(text) => text.clone(),
+        Content::Parts(_) => return None,
+    };
+    let eligible = !question.trim().is_empty()
+        && !is_time_dependent(&question, &config.time_words)
+        && !no_store_or_no_cache(headers)
+        && state.store.is_up();
+    if !eligible {
+        count_dedup(state, "bypass");
+        return None;
+    }
+    let system: Vec<String> = chat
+        .messages
+        .iter()
+        .filter(|m| matches!(m.role, Role::System | Role::Developer))
+        .filter_map(|m| m.content.get().map(|c| c.text().into_owned()))
+        .collect();
+    let user = match config.dedup.scope {
+        DedupScope::System => String::new(),
+        DedupScope::User => chat
+            .extra
+            .get("user")
+            .and_then(|u| u.as_str())
+            .unwrap_or("")
+            .to_owned(),
+    };
+    let mut hasher = Sha256::new();
+    for part in [tenant, &chat.model, &system.join("\n\n"), &user] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    Some(DedupPlan {
+        key: format!("cache:dedup:{}", hex::encode(hasher.finalize())),
+        vector: embed(&question),
+        question,
+    })
+}
+
+fn no_store_or_no_cache(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            matches!(
+                d.trim().to_ascii_lowercase().as_str(),
+                "no-store" | "no-cache"
+            )
+        })
+}
+
+/// The earlier answer of the same question asked in other words, marked by the proxy.
+pub async fn dedup_look_up(
+    state: &SharedState,
+    plan: &DedupPlan,
+    chat: &ChatRequest,
+) -> Option<Response<Body>> {
+    let config = &state.config.cache.dedup;
+    let started = Instant::now();
+    let entries = state.store.list(&plan.key).await;
+    let found = entries.iter().find_map(|bytes| {
+        let entry: DedupEntry = serde_json::from_slice(bytes).ok()?;
+        let vector = decode(&entry.vector)?;
+        (cosine(&vector, &plan.vector) >= config.threshold
+            && guard(&entry.question, &plan.question).is_ok())
+        .then_some(entry.answer)
+    });
+    state
+        .metrics
+        .cache_lookup_duration
+        .observe(started.elapsed().as_secs_f64());
+    let Some(mut answer) = found else {
+        count_dedup(state, "miss");
+        return None;
+    };
+    count_dedup(state, "hit");
+    if let Some(usage) = answer.usage.get() {
+        let saved = &state.metrics.cache_tokens_saved;
+        saved
+            .with_label_values(&["prompt"])
+            .inc_by(usage.prompt_tokens);
+        saved
+            .with_label_values(&["completion"])
+            .inc_by(usage.completion_tokens);
+    }
+    for choice in &mut answer.choices {
+        let text = choice
+            .message
+            .content
+            .get()
+            .map(|c| c.text().into_owned())
+            .unwrap_or_default();
+        choice.message.content =
+            Nullable::Value(Content::Text(format!("{}\n\n{text}", config.disclaimer)));
+    }
+    answer.usage = Nullable::Value(Usage {
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        total_tokens: 0,
+        extra: Default::default(),
+    });
+    let mut response = self::answer(&answer, chat);
+    response
+        .headers_mut()
+        .insert(X_CTXPROXY_CACHE, HeaderValue::from_static("dedup"));
+    Some(response)
+}
 
 pub enum Lookup {
     Hit(Response<Body>),
@@ -113,7 +265,8 @@ fn answer(completion: &ChatCompletion, chat: &ChatRequest) -> Response<Body> {
 /// Collects an answer and stores it under `key` when it ends complete.
 pub struct CacheWrite {
     state: SharedState,
-    key: String,
+    key: Option<String>,
+    dedup: Option<DedupPlan>,
     streamed: bool,
     assembler: StreamAssembler,
     done: bool,
@@ -122,10 +275,16 @@ pub struct CacheWrite {
 }
 
 impl CacheWrite {
-    pub fn new(state: SharedState, key: String, streamed: bool) -> CacheWrite {
+    pub fn new(
+        state: SharedState,
+        key: Option<String>,
+        dedup: Option<DedupPlan>,
+        streamed: bool,
+    ) -> CacheWrite {
         CacheWrite {
             state,
             key,
+            dedup,
             streamed,
             assembler: StreamAssembler::default(),
             done: false,
@@ -167,13 +326,42 @@ impl BodyObserver for CacheWrite {
         } else {
             serde_json::from_slice::<ChatCompletion>(&this.json).ok()
         };
-        let Some(value) = completion.and_then(|c| serde_json::to_vec(&c).ok()) else {
+        let Some(completion) = completion else {
             return;
         };
-        let (state, key) = (this.state, this.key);
-        let ttl = Duration::from_secs(state.config.cache.deterministic.ttl_secs);
+        let (state, key, dedup) = (this.state, this.key, this.dedup);
+        // Only plain text answers are reused for other wordings of a question.
+        let text_answer = completion.choices.iter().all(|c| {
+            c.message.tool_calls().is_empty()
+                && c.finish_reason.get().map(String::as_str) == Some("stop")
+        });
+        let dedup_entry = dedup.filter(|_| text_answer).and_then(|plan| {
+            let entry = DedupEntry {
+                question: plan.question,
+                vector: encode(&plan.vector),
+                answer: completion.clone(),
+            };
+            serde_json::to_vec(&entry)
+                .ok()
+                .map(|bytes| (plan.key, bytes))
+        });
+        let value = serde_json::to_vec(&completion).ok();
+        let config = &state.config.cache;
+        let ttl = Duration::from_secs(config.deterministic.ttl_secs);
+        let (dedup_ttl, max_entries) = (
+            Duration::from_secs(config.dedup.ttl_secs),
+            config.dedup.max_entries,
+        );
         tokio::spawn(async move {
-            state.store.set(&key, &value, ttl).await;
+            if let (Some(key), Some(value)) = (key, value) {
+                state.store.set(&key, &value, ttl).await;
+            }
+            if let Some((key, entry)) = dedup_entry {
+                state
+                    .store
+                    .push_capped(&key, &entry, max_entries, dedup_ttl)
+                    .await;
+            }
         });
     }
 }

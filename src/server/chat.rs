@@ -107,6 +107,17 @@ pub async fn chat_completions(
         Lookup::WriteOnly(key) => (Some(key), "bypass"),
         Lookup::Bypass => (None, "bypass"),
     };
+    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, tenant);
+    if let Some(plan) = &dedup
+        && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat).await
+    {
+        if let Some((before, after)) = counts {
+            let headers = response.headers_mut();
+            headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
+            headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
+        }
+        return Ok(response);
+    }
 
     let mut headers = end_to_end(&parts.headers);
     headers.remove(header::CONTENT_LENGTH);
@@ -145,8 +156,13 @@ pub async fn chat_completions(
                 streamed,
             )));
         }
-        if let Some(key) = cache_key {
-            observers.push(Box::new(CacheWrite::new(state.clone(), key, streamed)));
+        if cache_key.is_some() || dedup.is_some() {
+            observers.push(Box::new(CacheWrite::new(
+                state.clone(),
+                cache_key,
+                dedup,
+                streamed,
+            )));
         }
     }
     let observer =
