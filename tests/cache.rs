@@ -219,3 +219,39 @@ async fn dedup_answers_a_paraphrase_with_the_disclaimer_and_refuses_look_alikes(
     other["messages"][0]["content"] = json!("You are a different bot.");
     assert_ne!(cache_header(&post(&proxy, &other, "k", &[]).await), "dedup");
 }
+
+#[tokio::test]
+async fn with_redis_down_requests_succeed_and_count_as_bypass() {
+    let mock = start_mock(MockOptions::default()).await;
+    let closed = common::closed_port().await;
+    let proxy = common::start_proxy_with_env(
+        &format!("[upstream]\nbase_url = \"{}\"\n", mock.base_url()),
+        vec![(
+            "CTXPROXY_STORE_REDIS_URL".into(),
+            format!("redis://127.0.0.1:{closed}"),
+        )],
+    )
+    .await;
+    let body = question("What is the capital of Chile?");
+    for _ in 0..6 {
+        let response = post(&proxy, &body, "k", &[]).await;
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    // After the breaker opens, the cache is bypassed and every request reaches the model.
+    let last = post(&proxy, &body, "k", &[]).await;
+    assert_eq!(cache_header(&last), "bypass");
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), 7);
+    let metrics = client()
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains("ctxproxy_cache_requests_total{cache=\"deterministic\",result=\"bypass\"}")
+    );
+}
