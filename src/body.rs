@@ -27,6 +27,16 @@ pub enum BodyEnd {
 
 type OnEnd = Box<dyn FnOnce(BodyEnd) + Send>;
 
+/// How a body ended, judged from one polled frame, if it did.
+fn end_of<T, E>(polled: &Option<Result<T, E>>, end_stream: bool) -> Option<BodyEnd> {
+    match polled {
+        None => Some(BodyEnd::Complete),
+        Some(Err(_)) => Some(BodyEnd::Failed),
+        Some(Ok(_)) if end_stream => Some(BodyEnd::Complete),
+        Some(Ok(_)) => None,
+    }
+}
+
 pin_project! {
     /// Calls `on_end` exactly once when the body ends, fails, hits `deadline`, or is dropped.
     pub struct ObservedBody<B>
@@ -95,12 +105,7 @@ where
             return Poll::Ready(Some(Err(Box::new(DeadlineExceeded))));
         }
         let polled = ready!(this.inner.as_mut().poll_frame(cx));
-        let end = match &polled {
-            None => Some(BodyEnd::Complete),
-            Some(Err(_)) => Some(BodyEnd::Failed),
-            Some(Ok(_)) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
-            Some(Ok(_)) => None,
-        };
+        let end = end_of(&polled, this.inner.is_end_stream());
         if let Some(end) = end
             && let Some(on_end) = this.on_end.take()
         {
@@ -191,12 +196,7 @@ where
         {
             observer.on_data(data);
         }
-        let end = match &polled {
-            None => Some(BodyEnd::Complete),
-            Some(Err(_)) => Some(BodyEnd::Failed),
-            Some(Ok(_)) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
-            Some(Ok(_)) => None,
-        };
+        let end = end_of(&polled, this.inner.is_end_stream());
         if let Some(end) = end
             && let Some(observer) = this.observer.take()
         {

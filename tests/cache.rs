@@ -242,14 +242,7 @@ async fn with_redis_down_requests_succeed_and_count_as_bypass() {
     let last = post(&proxy, &body, "k", &[]).await;
     assert_eq!(cache_header(&last), "bypass");
     assert_eq!(MockStats::get(&mock.stats.chat_requests), 7);
-    let metrics = client()
-        .get(proxy.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics
             .contains("ctxproxy_cache_requests_total{cache=\"deterministic\",result=\"bypass\"}")

@@ -151,7 +151,7 @@ async fn observe_forwards_the_original_and_off_reports_nothing() {
     assert_eq!(error["error"]["param"], "X-Ctxproxy-Mode");
 
     // Observe counts the original as sent and what it would have saved apart.
-    let metrics = metrics_text(&proxy.url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     assert_eq!(
         sum_of(&metrics, "ctxproxy_prompt_tokens_total{phase=\"sent\"}"),
         before
@@ -161,17 +161,6 @@ async fn observe_forwards_the_original_and_off_reports_nothing() {
         sum_of(&metrics, "ctxproxy_observe_tokens_saveable_total{"),
         before - after
     );
-}
-
-async fn metrics_text(url: &str) -> String {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 /// The sum of the samples whose line starts with `needle`.
@@ -224,14 +213,7 @@ async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
     )
     .await;
     assert_eq!(forwarded.status(), 200);
-    let metrics = client()
-        .get(forwarding.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = forwarding.metrics().await;
     assert!(
         metrics.contains("ctxproxy_budget_outcomes_total{outcome=\"forwarded\"} 1"),
         "{metrics}"
@@ -249,7 +231,7 @@ async fn savings_are_counted_in_metrics() {
     )
     .await;
     let (before, after) = counts(&response);
-    let metrics = metrics_text(&proxy.url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     let value = |needle: &str| sum_of(&metrics, needle);
     assert_eq!(
         value("ctxproxy_prompt_tokens_total{phase=\"original\"}"),

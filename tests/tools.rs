@@ -104,15 +104,10 @@ async fn two_replicas_share_sticky_categories_through_redis() {
 }
 
 async fn metric(proxy: &Proxy, name: &str) -> f64 {
-    let text = client()
-        .get(proxy.url("/metrics"))
-        .send()
+    proxy
+        .metrics()
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
+        .lines()
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())

@@ -43,6 +43,19 @@ struct DedupEntry {
     answer: ChatCompletion,
 }
 
+/// Tokens a hit saved, from the usage stored with the answer.
+fn count_tokens_saved(state: &SharedState, answer: &ChatCompletion) {
+    if let Some(usage) = answer.usage.get() {
+        let saved = &state.metrics.cache_tokens_saved;
+        saved
+            .with_label_values(&["prompt"])
+            .inc_by(usage.prompt_tokens);
+        saved
+            .with_label_values(&["completion"])
+            .inc_by(usage.completion_tokens);
+    }
+}
+
 fn count_dedup(state: &SharedState, result: &str) {
     state
         .metrics
@@ -142,15 +155,7 @@ pub async fn dedup_look_up(
         return None;
     };
     count_dedup(state, "hit");
-    if let Some(usage) = answer.usage.get() {
-        let saved = &state.metrics.cache_tokens_saved;
-        saved
-            .with_label_values(&["prompt"])
-            .inc_by(usage.prompt_tokens);
-        saved
-            .with_label_values(&["completion"])
-            .inc_by(usage.completion_tokens);
-    }
+    count_tokens_saved(state, &answer);
     for choice in &mut answer.choices {
         let text = choice
             .message
@@ -232,15 +237,7 @@ pub async fn look_up(
         return Lookup::Miss(key);
     };
     count(state, "hit");
-    if let Some(usage) = completion.usage.get() {
-        let saved = &state.metrics.cache_tokens_saved;
-        saved
-            .with_label_values(&["prompt"])
-            .inc_by(usage.prompt_tokens);
-        saved
-            .with_label_values(&["completion"])
-            .inc_by(usage.completion_tokens);
-    }
+    count_tokens_saved(state, &completion);
     Lookup::Hit(answer(&completion, chat))
 }
 

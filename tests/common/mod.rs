@@ -56,6 +56,18 @@ impl Proxy {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The proxy's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Sends the shutdown signal; returns the server task to await.
     pub fn begin_shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
