@@ -53,6 +53,31 @@ pub struct ToolFiltering {
     pub requests_10_plus_tools: u64,
     pub tool_tokens_before_10_plus: u64,
     pub tool_tokens_after_10_plus: u64,
+    /// Every request where a called tool was removed, to tune categories with.
+    pub misses: Vec<ToolMiss>,
+}
+
+/// A request whose recorded answer called a tool the filter removed.
+#[derive(Debug, Serialize)]
+pub struct ToolMiss {
+    /// 1-based line of the request in the file.
+    pub line: u64,
+    pub missing: Vec<String>,
+    /// Its first 200 characters.
+    pub last_user_message: String,
+    /// The `tools` stage's report: scores, matched keywords, sticky and protected tools.
+    pub classifier: Value,
+}
+
+fn last_user_text(request: &ChatRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::User)
+        .and_then(|m| m.content.get())
+        .map(|c| c.text().chars().take(200).collect())
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -151,8 +176,9 @@ pub fn analyze(
     let mut micros = Vec::new();
     let memo = pipeline::Memo::default();
     let mut meta_lines = meta.map(|m| m.lines());
-    for line in reader.lines() {
+    for (index, line) in reader.lines().enumerate() {
         let line = line?;
+        let line_number = index as u64 + 1;
         let meta_line = match meta_lines.as_mut().and_then(Iterator::next) {
             Some(meta) => Some(meta?),
             None => None,
@@ -209,6 +235,23 @@ pub fn analyze(
         let called = called_tools(meta_line.as_deref());
         if !called.is_empty() {
             let kept = called.iter().filter(|c| sent.contains(&c.as_str())).count() as u64;
+            if kept < called.len() as u64 {
+                tools.misses.push(ToolMiss {
+                    line: line_number,
+                    missing: called
+                        .iter()
+                        .filter(|c| !sent.contains(&c.as_str()))
+                        .cloned()
+                        .collect(),
+                    last_user_message: last_user_text(&request),
+                    classifier: report
+                        .stages
+                        .iter()
+                        .find(|s| s.stage == "tools")
+                        .map(|s| s.details.clone())
+                        .unwrap_or_default(),
+                });
+            }
             tools.requests_with_calls += 1;
             tools.calls += called.len() as u64;
             tools.calls_kept += kept;
@@ -311,6 +354,32 @@ fn percent(before: u64, after: u64) -> f64 {
 }
 
 impl Analysis {
+    /// The tool-recall misses, one block each: what was removed, the message, the classifier's
+    /// choice and scores.
+    pub fn render_misses(&self) -> String {
+        let mut out = String::new();
+        for miss in &self.tools.misses {
+            let c = &miss.classifier;
+            out.push_str(&format!(
+                "line {}: removed {} (reason {}, categories {}, sticky {})\n  user: {}\n",
+                miss.line,
+                miss.missing.join(", "),
+                c["reason"].as_str().unwrap_or("-"),
+                c["categories"],
+                c["sticky"],
+                miss.last_user_message.replace('\n', " "),
+            ));
+            for (category, score) in c["scores"].as_object().into_iter().flatten() {
+                out.push_str(&format!(
+                    "  {category}: {:.2} {}\n",
+                    score["score"].as_f64().unwrap_or(0.0),
+                    score["keywords"]
+                ));
+            }
+        }
+        out
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(

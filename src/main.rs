@@ -58,6 +58,10 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also print every request where tool filtering removed a tool the recorded answer
+        /// called, with the classifier's scores (needs FILE.meta.jsonl).
+        #[arg(long)]
+        misses: bool,
     },
     /// Run a fake OpenAI-compatible model (for tests, demos and load runs).
     MockUpstream {
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
             threshold,
             config,
             json,
+            misses,
         } => {
             let loaded = match Config::load(&config) {
                 Ok(loaded) => loaded,
@@ -158,6 +163,9 @@ fn main() -> ExitCode {
                 }
                 Ok(analysis) => {
                     print!("{}", analysis.render());
+                    if misses {
+                        print!("{}", analysis.render_misses());
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

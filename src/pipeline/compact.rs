@@ -448,6 +448,7 @@ mod current_turn_tests {
             counter: &counter,
             memo: &crate::pipeline::Memo::default(),
             sticky_categories: &[],
+            original_messages: &request.messages,
         };
         assert!(CompactStage.apply(&request, &cx).messages.is_none());
         assert_eq!(

@@ -114,6 +114,9 @@ pub struct StageCx<'a> {
     pub memo: &'a Memo,
     /// Tool categories of this conversation's last tool-using turn (from the store).
     pub sticky_categories: &'a [String],
+    /// The messages the client sent, before any stage: what a classifier reads, so that a
+    /// smaller window never changes which tools are chosen.
+    pub original_messages: &'a [Message],
 }
 
 /// What the pipeline runs with, besides the request.
@@ -223,6 +226,7 @@ fn run_stages<'a>(
         counter,
         memo: env.memo,
         sticky_categories: env.sticky_categories,
+        original_messages: &request.messages,
     };
     let tool_tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice));
     let mut current = Cow::Borrowed(request);

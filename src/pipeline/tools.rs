@@ -142,12 +142,13 @@ fn score(
         let mut total = 0.0;
         let mut matched = Vec::new();
         for keyword in &category.keywords {
-            if contains_phrase(current, keyword) {
-                total += 1.0;
-                matched.push(keyword.join(" "));
-            } else if context.iter().any(|words| contains_phrase(words, keyword)) {
-                total += weight;
-                matched.push(format!("{} (context)", keyword.join(" ")));
+            let phrase = &keyword.words;
+            if contains_phrase(current, phrase) {
+                total += keyword.weight;
+                matched.push(phrase.join(" "));
+            } else if context.iter().any(|words| contains_phrase(words, phrase)) {
+                total += weight * keyword.weight;
+                matched.push(format!("{} (context)", phrase.join(" ")));
             }
         }
         if total > 0.0 {
@@ -181,16 +182,18 @@ impl Stage for ToolsStage {
         }
         let config = &cx.config.tools;
         let catalog = Catalog::build(tools, config);
-        let messages = &request.messages;
-        let current_start = current_turn_start(messages);
+        // Scores read what the client sent; protection reads what is sent on (a call the
+        // window removed needs no definition).
+        let original = cx.original_messages;
+        let original_start = current_turn_start(original);
         // The current exchange: the last user message and the assistant text it answers
         // ("Could you give me your user id?" → "mia_li_3668").
-        let mut current: Vec<String> = messages
-            .get(current_start)
+        let mut current: Vec<String> = original
+            .get(original_start)
             .filter(|m| m.role == Role::User)
             .map(|m| content_words(&message_text(m)))
             .unwrap_or_default();
-        if let Some(asked) = messages[..current_start]
+        if let Some(asked) = original[..original_start]
             .iter()
             .rev()
             .take_while(|m| m.role != Role::User)
@@ -201,7 +204,7 @@ impl Stage for ToolsStage {
                 config.context_chars,
             )));
         }
-        let context = context_words(messages, config.context_turns, config.context_chars);
+        let context = context_words(original, config.context_turns, config.context_chars);
         let scores = score(&catalog, &current, &context, config.context_weight);
         let matched: Vec<String> = scores
             .iter()
@@ -210,6 +213,8 @@ impl Stage for ToolsStage {
             .collect();
 
         // Protected tools and categories.
+        let messages = &request.messages;
+        let current_start = current_turn_start(messages);
         let mut keep: BTreeSet<String> = BTreeSet::new();
         let mut protected: Vec<String> = Vec::new();
         if let Some(chosen) = chosen_tool(request) {
@@ -251,7 +256,14 @@ impl Stage for ToolsStage {
             .cloned()
             .collect();
         let (mut selected, mut reason) = if !matched.is_empty() {
-            (matched, Reason::Match)
+            // A follow-up often needs its last turn's tools again, so sticky ones stay.
+            let mut selected = matched;
+            for category in sticky {
+                if !selected.contains(&category) {
+                    selected.push(category);
+                }
+            }
+            (selected, Reason::Match)
         } else if !sticky.is_empty() {
             (sticky, Reason::Sticky)
         } else if config.on_no_match == OnNoMatch::KeepAll {
@@ -390,7 +402,17 @@ mod tests {
         sticky: &[&str],
         configure: impl FnOnce(&mut PipelineConfig),
     ) -> (Vec<String>, ChatRequest) {
-        let mut body = json!({"model": "gpt-4o", "messages": messages, "tools": offered()});
+        sent_from(offered(), messages, extra, sticky, configure)
+    }
+
+    fn sent_from(
+        tools: Vec<Value>,
+        messages: Value,
+        extra: Value,
+        sticky: &[&str],
+        configure: impl FnOnce(&mut PipelineConfig),
+    ) -> (Vec<String>, ChatRequest) {
+        let mut body = json!({"model": "gpt-4o", "messages": messages, "tools": tools});
         if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
             body.extend(extra.clone());
         }
@@ -475,6 +497,81 @@ mod tests {
             c.tools.on_no_match = OnNoMatch::KeepAll;
         });
         assert_eq!(sent.len(), 5);
+    }
+
+    #[test]
+    fn sticky_categories_stay_beside_a_new_match() {
+        let (sent, _) = sent_tools(
+            user("and the weather in Paris?"),
+            json!({}),
+            &["email"],
+            |_| {},
+        );
+        assert_eq!(sent, ["email_send", "email_search", "weather_forecast"]);
+    }
+
+    fn airline() -> Vec<Value> {
+        vec![
+            tool("update_reservation", "Update the flights of a reservation."),
+            tool("cancel_reservation", "Cancel the whole reservation."),
+            tool(
+                "get_reservation_details",
+                "Get the details of a reservation.",
+            ),
+            tool(
+                "transfer_to_human_agents",
+                "Transfer the user to a human agent.",
+            ),
+        ]
+    }
+
+    #[test]
+    fn name_words_bring_their_synonyms_and_shared_words_select_nothing_alone() {
+        let cases: [(&str, &[&str]); 5] = [
+            ("I want to change my reservation", &["update_reservation"]),
+            ("Quiero cancelar la reserva", &["cancel_reservation"]),
+            (
+                "Is there a supervisor I can speak to?",
+                &["transfer_to_human_agents"],
+            ),
+            // "reservation" names three tools: it says which API, not which tool.
+            ("about my reservation", &[]),
+            (
+                "Can you show me the reservation details?",
+                &["get_reservation_details"],
+            ),
+        ];
+        for (text, expected) in cases {
+            let (sent, _) = sent_from(airline(), user(text), json!({}), &[], |_| {});
+            assert_eq!(sent, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_classifier_reads_what_the_client_sent_not_the_window() {
+        let original: Vec<Message> = serde_json::from_value(json!([
+            {"role": "user", "content": "what's on my calendar?"},
+            {"role": "assistant", "content": "Standup at 10. Shall I email this to Ana?"},
+            {"role": "user", "content": "yes"}
+        ]))
+        .unwrap();
+        // The budget's smallest window keeps only the current turn.
+        let windowed: ChatRequest = serde_json::from_value(json!({"model": "gpt-4o",
+            "messages": [{"role": "user", "content": "yes"}], "tools": offered()}))
+        .unwrap();
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let cx = StageCx {
+            config: &config,
+            params: &crate::pipeline::Params::from_config(&config),
+            counter: &counter,
+            memo: &Memo::default(),
+            sticky_categories: &[],
+            original_messages: &original,
+        };
+        let kept = ToolsStage.apply(&windowed, &cx).tools.unwrap();
+        let names: Vec<&str> = kept.iter().filter_map(tool_name).collect();
+        assert_eq!(names, ["email_send", "email_search"]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! for unclaimed tools one derived from the tool's name, with the words that call for each.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use crate::config::glob_match;
 use crate::openai::Tool;
@@ -14,11 +15,109 @@ const GENERIC_VERBS: &[&str] = &[
     "show", "read", "write", "put", "post", "patch", "compare", "check",
 ];
 
+/// Words people use for what a tool name says (English and Spanish). A derived category whose
+/// tool names contain one word of a group also gets the others as keywords: `update_*` is
+/// also called for by "change" and "cambiar", `transfer_to_human_agents` by "supervisor".
+/// Only name words trigger a group (descriptions are too loose).
+const SYNONYMS: &[&[&str]] = &[
+    &[
+        "update",
+        "change",
+        "modify",
+        "edit",
+        "alter",
+        "amend",
+        "upgrade",
+        "downgrade",
+        "reschedule",
+        "cambiar",
+        "cambio",
+        "modificar",
+        "actualizar",
+        "editar",
+    ],
+    &["cancel", "revoke", "annul", "cancelar", "anular"],
+    &["delete", "remove", "erase", "borrar", "eliminar", "quitar"],
+    &[
+        "create", "add", "new", "crear", "nuevo", "nueva", "agregar", "anadir",
+    ],
+    &["book", "reserve", "purchase", "buy", "reservar", "comprar"],
+    &[
+        "search",
+        "find",
+        "look for",
+        "available",
+        "availability",
+        "buscar",
+        "encontrar",
+        "disponible",
+    ],
+    &["send", "enviar", "mandar"],
+    &[
+        "refund",
+        "compensation",
+        "reimburse",
+        "reembolso",
+        "reembolsar",
+        "compensacion",
+    ],
+    &["transfer", "escalate", "transferir"],
+    &[
+        "human",
+        "agent",
+        "person",
+        "someone",
+        "supervisor",
+        "manager",
+        "representative",
+        "speak",
+        "talk",
+        "humano",
+        "persona",
+        "alguien",
+        "encargado",
+        "hablar",
+    ],
+    &["user", "profile", "account", "usuario", "perfil", "cuenta"],
+];
+
+/// The synonym groups as keyword phrases, normalized like message words.
+static SYNONYM_KEYWORDS: LazyLock<Vec<Vec<Vec<String>>>> = LazyLock::new(|| {
+    SYNONYMS
+        .iter()
+        .map(|group| group.iter().map(|w| keyword_words(w)).collect())
+        .collect()
+});
+
+/// A derived keyword found in more categories than this shares its weight among them: alone
+/// it no longer selects any ("repository" in every GitHub tool's description).
+const SHARED_KEYWORD_CATEGORIES: usize = 2;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Keyword {
+    /// Folded, stemmed words (a phrase has several).
+    pub words: Vec<String>,
+    /// What a match adds to the category's score: 1, or less for a derived keyword many
+    /// categories share.
+    pub weight: f64,
+    /// From a tool name (or a synonym of a name word), not only from a description.
+    pub named: bool,
+}
+
+impl Keyword {
+    fn new(words: Vec<String>, named: bool) -> Keyword {
+        Keyword {
+            words,
+            weight: 1.0,
+            named,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Category {
     pub name: String,
-    /// Each keyword is a sequence of folded, stemmed words (a phrase has several).
-    pub keywords: Vec<Vec<String>>,
+    pub keywords: Vec<Keyword>,
     /// Names of the request's tools in this category.
     pub tools: Vec<String>,
 }
@@ -85,7 +184,11 @@ impl Catalog {
             .iter()
             .map(|c| Category {
                 name: c.name.clone(),
-                keywords: c.keywords.iter().map(|k| keyword_words(k)).collect(),
+                keywords: c
+                    .keywords
+                    .iter()
+                    .map(|k| Keyword::new(keyword_words(k), true))
+                    .collect(),
                 tools: Vec::new(),
             })
             .collect();
@@ -107,6 +210,7 @@ impl Catalog {
             }
         }
         categories.retain(|c| !c.tools.is_empty());
+        let configured = categories.len();
         for (space, members) in derived {
             if members.len() > config.derived_max_tools.max(1) {
                 // One namespace for a whole API (github_*): split by what each tool acts on.
@@ -129,6 +233,7 @@ impl Catalog {
                 categories.push(derived_category(space, &members, None));
             }
         }
+        share_common_keywords(&mut categories[configured..]);
         Catalog { categories }
     }
 
@@ -144,12 +249,17 @@ impl Catalog {
 /// A category made from tool names and the first sentence of their descriptions. In a split
 /// namespace the namespace word and generic verbs are left out: they name every part.
 fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> Category {
-    let mut keywords: Vec<Vec<String>> = Vec::new();
-    let mut add = |word: String| {
-        let generic =
-            split_from.is_some_and(|space| word == space || GENERIC_VERBS.contains(&word.as_str()));
-        if !generic && !keywords.iter().any(|k| k.len() == 1 && k[0] == word) {
-            keywords.push(vec![word]);
+    let mut keywords: Vec<Keyword> = Vec::new();
+    let mut add = |words: Vec<String>, named: bool| {
+        let generic = split_from.is_some_and(|space| {
+            words.len() == 1 && (words[0] == space || GENERIC_VERBS.contains(&words[0].as_str()))
+        });
+        if generic || words.is_empty() {
+            return;
+        }
+        match keywords.iter_mut().find(|k| k.words == words) {
+            Some(known) => known.named |= named,
+            None => keywords.push(Keyword::new(words, named)),
         }
     };
     for tool in tools {
@@ -157,12 +267,22 @@ fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> 
             continue;
         };
         for segment in segments(&function.name) {
-            keyword_words(segment).into_iter().for_each(&mut add);
+            for word in keyword_words(segment) {
+                for group in SYNONYM_KEYWORDS
+                    .iter()
+                    .filter(|g| g.contains(&vec![word.clone()]))
+                {
+                    for synonym in group {
+                        add(synonym.clone(), true);
+                    }
+                }
+                add(vec![word], true);
+            }
         }
         if let Some(description) = function.description.get() {
-            keyword_words(&first_sentence(description, 30))
-                .into_iter()
-                .for_each(&mut add);
+            for word in keyword_words(&first_sentence(description, 30)) {
+                add(vec![word], false);
+            }
         }
     }
     Category {
@@ -172,6 +292,39 @@ fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> 
             .iter()
             .filter_map(|t| tool_name(t).map(str::to_owned))
             .collect(),
+    }
+}
+
+/// Divides the weight of a derived keyword that more than `SHARED_KEYWORD_CATEGORIES`
+/// categories have among them, like inverse document frequency, except in the category it
+/// names. A name word is shared only with other names (`user` in `get_user_details` stays
+/// strong though many descriptions say "the user").
+fn share_common_keywords(derived: &mut [Category]) {
+    let mut in_names: BTreeMap<Vec<String>, usize> = BTreeMap::new();
+    let mut anywhere: BTreeMap<Vec<String>, usize> = BTreeMap::new();
+    for category in derived.iter() {
+        for keyword in &category.keywords {
+            *anywhere.entry(keyword.words.clone()).or_default() += 1;
+            if keyword.named {
+                *in_names.entry(keyword.words.clone()).or_default() += 1;
+            }
+        }
+    }
+    for category in derived.iter_mut() {
+        // The word that names the category (`book`, `github.issue` → issue) keeps its weight.
+        let own = category
+            .name
+            .rsplit('.')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        for keyword in &mut category.keywords {
+            let frequency = if keyword.named { &in_names } else { &anywhere };
+            let shared_by = frequency.get(&keyword.words).copied().unwrap_or(1);
+            if shared_by > SHARED_KEYWORD_CATEGORIES && keyword.words != [own.as_str()] {
+                keyword.weight = 1.0 / shared_by as f64;
+            }
+        }
     }
 }
 
@@ -242,11 +395,12 @@ mod tests {
             catalog.categories[1].tools,
             ["github_list_issues", "github_create_issue"]
         );
-        assert_eq!(catalog.categories[0].keywords[1], ["metodo", "pago"]);
+        assert_eq!(catalog.categories[0].keywords[1].words, ["metodo", "pago"]);
         assert!(
             !catalog.categories[1]
                 .keywords
-                .contains(&vec!["github".to_owned()])
+                .iter()
+                .any(|k| k.words == ["github"])
         );
         assert_eq!(
             catalog.categories_of("github_get_repo").collect::<Vec<_>>(),
