@@ -477,6 +477,8 @@ pub struct PairEvaluation {
     pub precision: f64,
     pub recall: f64,
     pub threshold: f32,
+    /// The pairs labelled distinct that the cache would have answered with each other.
+    pub false_positive_pairs: Vec<[String; 2]>,
 }
 
 pub fn dedup_pairs(reader: impl BufRead, threshold: f32) -> std::io::Result<PairEvaluation> {
@@ -499,7 +501,10 @@ pub fn dedup_pairs(reader: impl BufRead, threshold: f32) -> std::io::Result<Pair
         eval.pairs += 1;
         match (crate::cache::dedup::is_duplicate(a, b, threshold), label) {
             (true, true) => eval.true_positives += 1,
-            (true, false) => eval.false_positives += 1,
+            (true, false) => {
+                eval.false_positives += 1;
+                eval.false_positive_pairs.push([a.to_owned(), b.to_owned()]);
+            }
             (false, true) => eval.false_negatives += 1,
             (false, false) => eval.true_negatives += 1,
         }

@@ -1,7 +1,7 @@
 //! The dedup decision (pure, seed 002 §5): is a new question the same as an earlier one? A
 //! built-in lexical embedder (folded words, word pairs and character trigrams hashed into a
 //! fixed-size vector) gives the similarity; a hit also needs every guard to pass — the same
-//! negations, no antonym swapped, the same question word, the same numbers and distinctive
+//! negations, no antonym swapped, the same question word and persons, similar lengths, the same numbers and distinctive
 //! tokens (names, identifiers, C++), and the same content words in the same order — so "turn on
 //! dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
 //! worse than a miss.
@@ -46,6 +46,10 @@ const ANTONYMS: &[(&str, &str)] = &[
     ("above", "below"),
     ("import", "export"),
     ("upload", "download"),
+    // Advice is not possibility: "should I apply" ≠ "can I apply".
+    ("should", "can"),
+    ("should", "could"),
+    ("debo", "puedo"),
 ];
 
 /// Question words, by what they ask (what/which ask the same).
@@ -73,6 +77,49 @@ const SOFT_WORDS: &[&str] = &[
     "easiest", "quick", "quickly", "simple", "favorite", "thing", "anyone", "someone", "tell",
     "know", "can", "could", "would", "should", "do", "does", "doe", "did",
 ];
+
+/// Words that say whose thing a question is about, by grammatical person: "my palm" and
+/// "your palm" are different questions.
+const PERSONS: &[(&str, u8)] = &[
+    ("i", 1),
+    ("me", 1),
+    ("my", 1),
+    ("mine", 1),
+    ("myself", 1),
+    ("im", 1),
+    ("ive", 1),
+    ("you", 2),
+    ("your", 2),
+    ("yours", 2),
+    ("yourself", 2),
+    ("youre", 2),
+    ("we", 3),
+    ("our", 3),
+    ("ours", 3),
+    ("us", 3),
+    ("he", 4),
+    ("him", 4),
+    ("his", 4),
+    ("she", 5),
+    ("her", 5),
+    ("hers", 5),
+    ("they", 6),
+    ("them", 6),
+    ("their", 6),
+    ("yo", 1),
+    ("mi", 1),
+    ("mis", 1),
+    ("tu", 2),
+    ("tus", 2),
+    ("usted", 2),
+    ("su", 6),
+    ("nosotros", 3),
+    ("nuestro", 3),
+    ("nuestra", 3),
+];
+
+/// A question this many times longer (in words) than the other asks more than it.
+const MAX_LENGTH_RATIO: f32 = 1.5;
 
 /// Folded words with apostrophes dropped ("don't" → "dont").
 fn words(text: &str) -> Vec<String> {
@@ -170,6 +217,22 @@ pub fn guard(a: &str, b: &str) -> Result<(), &'static str> {
             return Err("antonym");
         }
     }
+    let (shorter, longer) = (wa.len().min(wb.len()), wa.len().max(wb.len()));
+    if longer as f32 > shorter as f32 * MAX_LENGTH_RATIO {
+        return Err("length");
+    }
+    let persons = |w: &[String]| -> Vec<u8> {
+        let mut found: Vec<u8> = w
+            .iter()
+            .filter_map(|x| PERSONS.iter().find(|(p, _)| p == x).map(|(_, n)| *n))
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+    };
+    if persons(&wa) != persons(&wb) {
+        return Err("person");
+    }
     let asks = |w: &[String]| -> Vec<&str> {
         let mut kinds: Vec<&str> = w
             .iter()
@@ -260,7 +323,7 @@ mod tests {
         ));
         assert_eq!(guard("Who is Ada?", "Where is Ada?"), Err("question"));
         assert_eq!(
-            guard("A good book on design?", "A good book?"),
+            guard("Is a good book on design cheap?", "Is a good book cheap?"),
             Err("content")
         );
         assert_eq!(
@@ -277,6 +340,21 @@ mod tests {
                 "How do I reset my password?"
             )
             .is_ok()
+        );
+        assert_eq!(guard("What is kiss?", "What is in a kiss?"), Err("length"));
+        assert_eq!(
+            guard(
+                "What are your favorite smells?",
+                "What are favorite smells?"
+            ),
+            Err("person")
+        );
+        assert_eq!(
+            guard(
+                "Which university should I apply to?",
+                "Which university can I apply to?"
+            ),
+            Err("antonym")
         );
     }
 }
