@@ -1,9 +1,9 @@
 //! The dedup decision (pure, seed 002 §5): is a new question the same as an earlier one? A
 //! built-in lexical embedder (folded words, word pairs and character trigrams hashed into a
 //! fixed-size vector) gives the similarity; a hit also needs every guard to pass — the same
-//! negations, no antonym swapped, the same question word and persons, similar lengths, the same numbers and distinctive
-//! tokens (names, identifiers, C++), and the same content words in the same order — so "turn on
-//! dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
+//! negations, no antonym swapped, the same question word and persons, similar lengths, the same
+//! numbers and distinctive tokens (names, identifiers, C++), and the same content words in the
+//! same order — so "turn on dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
 //! worse than a miss.
 
 use std::hash::BuildHasher;
