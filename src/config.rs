@@ -459,6 +459,9 @@ impl RawConfig {
         self.store
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        self.cache
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         Ok(Config {
             server: server_config,
             log,

@@ -221,6 +221,58 @@ async fn dedup_answers_a_paraphrase_with_the_disclaimer_and_refuses_look_alikes(
 }
 
 #[tokio::test]
+async fn dedup_with_the_upstream_embedder_and_its_failures() {
+    let mock = start_mock(MockOptions::default()).await;
+    let toml = format!(
+        "[upstream]\nbase_url = \"{}\"\n[cache.dedup]\nenabled = true\nembedder = \"upstream\"\n\
+         embedding_model = \"mock-lexical-1\"\n",
+        mock.base_url()
+    );
+    let proxy = start_proxy(&toml).await;
+    let ask = |text: &str| {
+        json!({"model": "gpt-4o", "temperature": 0.7, "messages": [
+            {"role": "system", "content": "You are a support bot."},
+            {"role": "user", "content": text}]})
+    };
+    post(&proxy, &ask("How do I export my data?"), "k", &[])
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(MockStats::get(&mock.stats.embeddings_requests), 1);
+    let mut hit = false;
+    for _ in 0..100 {
+        let response = post(&proxy, &ask("How can I export my data"), "k", &[]).await;
+        if cache_header(&response) == "dedup" {
+            hit = true;
+            break;
+        }
+        response.bytes().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(hit, "never a dedup hit with the upstream embedder");
+    // The embeddings call fails: the question goes to the model, uncached, and is counted.
+    let chats = MockStats::get(&mock.stats.chat_requests);
+    let response = post(
+        &proxy,
+        &ask("How can I export my data"),
+        "k",
+        &[("x-mock-embeddings-status", "503")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_ne!(cache_header(&response), "dedup");
+    response.bytes().await.unwrap();
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), chats + 1);
+    assert!(
+        proxy
+            .metrics()
+            .await
+            .contains("ctxproxy_cache_requests_total{cache=\"dedup\",result=\"error\"} 1")
+    );
+}
+
+#[tokio::test]
 async fn with_redis_down_requests_succeed_and_count_as_bypass() {
     let mock = start_mock(MockOptions::default()).await;
     let closed = common::closed_port().await;

@@ -44,6 +44,16 @@ impl Default for DeterministicConfig {
     }
 }
 
+/// What turns a question into a vector for the dedup cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Embedder {
+    /// Built in: hashed word and character n-grams, no model, no call.
+    Lexical,
+    /// The route's upstream `POST /embeddings` with `embedding_model`.
+    Upstream,
+}
+
 /// Who may share a dedup answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -66,6 +76,11 @@ pub struct DedupConfig {
     pub ttl_secs: u64,
     /// Put by the proxy at the start of a reused answer.
     pub disclaimer: String,
+    pub embedder: Embedder,
+    /// The model asked for vectors when `embedder = "upstream"`.
+    pub embedding_model: String,
+    /// How long a question waits for its vector before it goes to the model uncached.
+    pub embedding_timeout_ms: u64,
 }
 
 impl Default for DedupConfig {
@@ -78,7 +93,33 @@ impl Default for DedupConfig {
             max_entries: 500,
             ttl_secs: 24 * 3600,
             disclaimer: "[Answer retrieved from an earlier conversation]".into(),
+            embedder: Embedder::Lexical,
+            embedding_model: "text-embedding-3-small".into(),
+            embedding_timeout_ms: 2000,
         }
+    }
+}
+
+impl CacheConfig {
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let err = |key: &str, message: &str| Err((format!("cache.{key}"), message.to_owned()));
+        let dedup = &self.dedup;
+        if !(0.0..=1.0).contains(&dedup.threshold) {
+            return err("dedup.threshold", "must be between 0 and 1");
+        }
+        if dedup.max_entries == 0 {
+            return err("dedup.max_entries", "must be greater than 0");
+        }
+        if dedup.embedder == Embedder::Upstream && dedup.embedding_model.trim().is_empty() {
+            return err(
+                "dedup.embedding_model",
+                "must name a model when embedder = \"upstream\"",
+            );
+        }
+        if dedup.embedding_timeout_ms == 0 {
+            return err("dedup.embedding_timeout_ms", "must be greater than 0");
+        }
+        Ok(())
     }
 }
 

@@ -162,21 +162,34 @@ pub fn embed(text: &str) -> Vec<f32> {
 }
 
 /// A vector as hex of its components quantized to i8 (compact to store beside a question).
+/// A vector as hex of signed bytes, scaled so its largest component is ±127 (the cosine does
+/// not depend on the scale, and small components of long vectors keep their precision).
 pub fn encode(vector: &[f32]) -> String {
+    let largest = vector
+        .iter()
+        .fold(0.0_f32, |m, x| m.max(x.abs()))
+        .max(f32::MIN_POSITIVE);
     let bytes: Vec<u8> = vector
         .iter()
-        .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8 as u8)
+        .map(|x| (x / largest * 127.0).round().clamp(-127.0, 127.0) as i8 as u8)
         .collect();
     hex::encode(bytes)
 }
 
 pub fn decode(text: &str) -> Option<Vec<f32>> {
     let bytes = hex::decode(text).ok()?;
-    (bytes.len() == DIMENSIONS).then(|| bytes.iter().map(|b| f32::from(*b as i8) / 127.0).collect())
+    (!bytes.is_empty()).then(|| bytes.iter().map(|b| f32::from(*b as i8) / 127.0).collect())
 }
 
+/// Cosine similarity; 0 for vectors of different lengths (made by different embedders).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    if a.len() != b.len() {
+        return 0.0;
+    }
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let norms = norm(a) * norm(b);
+    if norms > 0.0 { dot / norms } else { 0.0 }
 }
 
 /// Numbers, identifiers (letters and digits) and capitalized names (not the first word), in
@@ -286,6 +299,19 @@ pub fn is_duplicate(a: &str, b: &str, threshold: f32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vectors_of_any_length_survive_encoding() {
+        // Like a 1,536-dimension model embedding: small components everywhere.
+        let vector: Vec<f32> = (0..1536)
+            .map(|i| ((i * 7919 % 201) as f32 - 100.0) / 4000.0)
+            .collect();
+        let decoded = decode(&encode(&vector)).unwrap();
+        assert_eq!(decoded.len(), 1536);
+        assert!(cosine(&vector, &decoded) > 0.999);
+        assert_eq!(cosine(&vector, &embed("a question")), 0.0);
+        assert_eq!(decode(""), None);
+    }
 
     #[test]
     fn paraphrases_match_and_guards_refuse_look_alikes() {

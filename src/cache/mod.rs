@@ -6,6 +6,7 @@ pub mod assemble;
 pub mod config;
 pub mod dedup;
 pub mod deterministic;
+pub mod embedder;
 pub mod time_words;
 
 pub use config::CacheConfig;

@@ -1,5 +1,6 @@
 //! `POST /v1/embeddings` of the mock: deterministic unit vectors derived from each input's
-//! SHA-256, as floats or as base64 (the official SDKs ask for base64 by default).
+//! SHA-256 (or, for models named `mock-lexical*`, ctxproxy's lexical embedding, so that
+//! paraphrases are near), as floats or as base64 (the official SDKs ask for base64 by default).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -20,13 +21,27 @@ pub(super) async fn embeddings(
     if let Err(response) = common_prelude(&state, &headers).await {
         return response;
     }
+    state.stats.bump(&state.stats.embeddings_requests);
+    // Fails only this endpoint (the chat call of the same client keeps working).
+    if let Some(status) = headers
+        .get("x-mock-embeddings-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok())
+        .filter(|s| !s.is_success())
+    {
+        return error_response(status, "mock embeddings failure", "mock_embeddings_failure");
+    }
     let request: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_json"),
     };
     let inputs: Vec<String> = match request.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items.iter().map(|i| i.to_string()).collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_owned))
+            .collect(),
         _ => {
             return error_response(
                 StatusCode::BAD_REQUEST,
@@ -39,12 +54,21 @@ pub(super) async fn embeddings(
         .get("dimensions")
         .and_then(Value::as_u64)
         .map_or(DEFAULT_DIMENSIONS, |d| d.clamp(1, 4096) as usize);
+    let lexical = request
+        .get("model")
+        .and_then(Value::as_str)
+        .is_some_and(|m| m.starts_with("mock-lexical"));
     let base64 = request.get("encoding_format").and_then(Value::as_str) == Some("base64");
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
         .map(|(index, input)| {
-            let vector = vector_for(input, dimensions);
+            // `mock-lexical*`: ctxproxy's lexical embedding, so paraphrases are near.
+            let vector = if lexical {
+                crate::cache::dedup::embed(input)
+            } else {
+                vector_for(input, dimensions)
+            };
             let embedding = if base64 {
                 let bytes: Vec<u8> = vector.iter().flat_map(|f| f.to_le_bytes()).collect();
                 json!(encode_base64(&bytes))

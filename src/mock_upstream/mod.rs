@@ -41,6 +41,7 @@ pub struct MockOptions {
 pub struct MockStats {
     pub requests: AtomicU64,
     pub chat_requests: AtomicU64,
+    pub embeddings_requests: AtomicU64,
     pub streams_started: AtomicU64,
     pub streams_completed: AtomicU64,
     /// Streams whose client (the proxy) went away before the end.

@@ -16,13 +16,15 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::assemble::{StreamAssembler, replay, sse_body};
 use crate::cache::config::DedupScope;
-use crate::cache::dedup::{cosine, decode, embed, encode, guard};
+use crate::cache::dedup::{cosine, decode, encode, guard};
 use crate::cache::deterministic::{Decision, decide, key};
+use crate::cache::embedder::{self, embedder_id};
 use crate::cache::time_words::is_time_dependent;
 use crate::openai::sse::event_data;
 use crate::openai::{
     ChatCompletion, ChatCompletionChunk, ChatRequest, Content, Nullable, Role, Usage,
 };
+use crate::upstream::Upstream;
 
 pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cache");
 
@@ -66,11 +68,12 @@ fn count_dedup(state: &SharedState, result: &str) {
 
 /// A conversational question the dedup cache may answer: the last message is the user's text,
 /// not time-dependent, and the client allows caching.
-pub fn dedup_plan(
+pub async fn dedup_plan(
     state: &SharedState,
     chat: &ChatRequest,
     headers: &HeaderMap,
     tenant: &str,
+    upstream: &Upstream,
 ) -> Option<DedupPlan> {
     let config = &state.config.cache;
     if !config.dedup.enabled {
@@ -104,14 +107,32 @@ pub fn dedup_plan(
             .unwrap_or("")
             .to_owned(),
     };
+    let embedder = embedder_id(&config.dedup);
     let mut hasher = Sha256::new();
-    for part in [tenant, &chat.model, &system.join("\n\n"), &user] {
+    for part in [tenant, &chat.model, &system.join("\n\n"), &user, &embedder] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
+    let vector = match embedder::vector(
+        &config.dedup,
+        &question,
+        upstream,
+        headers,
+        state.config.auth_enabled(),
+        &state.metrics,
+    )
+    .await
+    {
+        Ok(vector) => vector,
+        Err(reason) => {
+            tracing::debug!(%reason, embedder, "dedup: no vector for the question, cache skipped");
+            count_dedup(state, "error");
+            return None;
+        }
+    };
     Some(DedupPlan {
         key: format!("cache:dedup:{}", hex::encode(hasher.finalize())),
-        vector: embed(&question),
+        vector,
         question,
     })
 }

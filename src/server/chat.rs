@@ -107,7 +107,7 @@ pub async fn chat_completions(
         Lookup::WriteOnly(key) => (Some(key), "bypass"),
         Lookup::Bypass => (None, "bypass"),
     };
-    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, tenant);
+    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, tenant, upstream).await;
     if let Some(plan) = &dedup
         && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat).await
     {

@@ -5,8 +5,9 @@
 mod headers;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, Method, Request, Response, Uri};
+use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -168,6 +169,47 @@ impl Upstream {
         Err(ProxyError::Internal(
             "upstream retry loop ended without an answer".into(),
         ))
+    }
+
+    /// A small JSON call of the proxy's own (e.g. embeddings): the status and the whole body,
+    /// within `timeout` and `limit` bytes.
+    pub async fn call_json(
+        &self,
+        suffix: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        limit: usize,
+        timeout: std::time::Duration,
+        metrics: &Metrics,
+    ) -> Result<(StatusCode, Bytes), ProxyError> {
+        let uri = self.uri(suffix)?;
+        let call = async {
+            let answer = self
+                .send(
+                    Method::POST,
+                    uri,
+                    headers,
+                    OutgoingBody::Buffered(body),
+                    metrics,
+                )
+                .await?;
+            let status = answer.response.status();
+            let collected = Limited::new(answer.response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| ProxyError::UpstreamUnreachable {
+                    upstream: self.config.name.clone(),
+                    reason: format!("cannot read the answer: {e}"),
+                })?;
+            Ok((status, collected.to_bytes()))
+        };
+        tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| ProxyError::UpstreamTimeout {
+                upstream: self.config.name.clone(),
+                phase: "total",
+                timeout_ms: timeout.as_millis(),
+            })?
     }
 
     fn count_error(&self, metrics: &Metrics, kind: &str) {
