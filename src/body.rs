@@ -266,6 +266,46 @@ where
     }
 }
 
+pin_project! {
+    /// Leaves out the frames `drop` picks (over an `SseEventBody`, each frame is one event).
+    pub struct DropFrames<B> {
+        #[pin]
+        inner: B,
+        drop: fn(&[u8]) -> bool,
+    }
+}
+
+impl<B> DropFrames<B> {
+    pub fn new(inner: B, drop: fn(&[u8]) -> bool) -> Self {
+        DropFrames { inner, drop }
+    }
+}
+
+impl<B> Body for DropFrames<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) if frame.data_ref().is_some_and(|d| (this.drop)(d)) => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

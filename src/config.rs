@@ -3,7 +3,7 @@
 //!
 //! Every error names the offending key, so `check-config` and `serve` can say what to fix.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,16 @@ pub struct RawConfig {
     pub tools: ToolsConfig,
     pub store: StoreConfig,
     pub cache: CacheConfig,
+    /// USD per million tokens, by model name or glob: what savings are worth.
+    pub prices: BTreeMap<String, ModelPrice>,
+}
+
+/// A model's list price, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -209,6 +219,7 @@ pub struct Config {
     pub pipeline: PipelineConfig,
     pub store: StoreConfig,
     pub cache: CacheConfig,
+    pub prices: BTreeMap<String, ModelPrice>,
     /// The file as given plus defaults and overrides, for `check-config`.
     pub raw: RawConfig,
 }
@@ -267,6 +278,16 @@ impl Config {
             .find(|route| route.patterns.iter().any(|p| glob_match(p, model)))
             .map(|route| route.upstream)
             .or(self.default_upstream)
+    }
+
+    /// The price of a model: an exact `[prices]` entry, else the first glob that matches.
+    pub fn price_of(&self, model: &str) -> Option<ModelPrice> {
+        self.prices.get(model).copied().or_else(|| {
+            self.prices
+                .iter()
+                .find(|(pattern, _)| glob_match(pattern, model))
+                .map(|(_, price)| *price)
+        })
     }
 
     pub fn auth_enabled(&self) -> bool {
@@ -462,6 +483,15 @@ impl RawConfig {
         self.cache
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        for (model, price) in &self.prices {
+            let valid = |x: f64| x.is_finite() && x >= 0.0;
+            if !valid(price.input) || !valid(price.output) {
+                return Err(ConfigError::invalid(
+                    format!("prices.{model}"),
+                    "input and output must be non-negative numbers (USD per million tokens)",
+                ));
+            }
+        }
         Ok(Config {
             server: server_config,
             log,
@@ -472,6 +502,7 @@ impl RawConfig {
             pipeline,
             store: self.store.clone(),
             cache: self.cache.clone(),
+            prices: self.prices.clone(),
             raw: self,
         })
     }

@@ -2,9 +2,62 @@
 //! down (no global statics). Label values come only from closed sets or configured names.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::config::{Config, glob_match};
+
+/// The `model` and `tenant` labels of one chat request. Both come from bounded sets: the
+/// model as named by a configured route or price (else `other`), the tenant from `[auth]`.
+#[derive(Debug, Clone)]
+pub struct ChatLabels {
+    pub model: String,
+    pub tenant: String,
+}
+
+impl ChatLabels {
+    /// A request whose model is not known yet (its body did not parse).
+    pub fn unknown(tenant: &str) -> ChatLabels {
+        ChatLabels {
+            model: "other".to_owned(),
+            tenant: tenant.to_owned(),
+        }
+    }
+}
+
+/// The model names that may appear as a label: literal names and glob patterns of `[[routes]]`
+/// and `[prices]`. A glob labels its models with the pattern itself (`gpt-4o*`).
+#[derive(Debug, Default)]
+pub struct ModelLabels {
+    names: Vec<String>,
+}
+
+/// More models than this are labelled `other` (labels stay bounded whatever the config says).
+const MAX_MODEL_LABELS: usize = 50;
+
+impl ModelLabels {
+    pub fn new(config: &Config) -> ModelLabels {
+        let mut names: Vec<String> = config
+            .routes
+            .iter()
+            .flat_map(|r| r.patterns.iter().cloned())
+            .chain(config.prices.keys().cloned())
+            .collect();
+        // Literal names first: `gpt-4o-mini` is its own label even beside `gpt-4o*`.
+        names.sort_by_key(|n| (n.contains('*'), n.clone()));
+        names.dedup();
+        names.truncate(MAX_MODEL_LABELS);
+        ModelLabels { names }
+    }
+
+    pub fn label(&self, model: &str) -> &str {
+        self.names
+            .iter()
+            .find(|n| glob_match(n, model))
+            .map_or("other", String::as_str)
+    }
+}
 
 /// Request and upstream latency buckets, in seconds: from 100 µs to 5 min.
 const DURATION_BUCKETS: &[f64] = &[
@@ -37,6 +90,15 @@ pub struct Metrics {
     pub cache_lookup_duration: Histogram,
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
+    /// Chat completions by `model`, `tenant`, HTTP `status` and `cache` result.
+    pub chat_requests: IntCounterVec,
+    /// `usage` reported by the upstream: `kind` ∈ prompt, completion, cached_prompt.
+    pub usage_tokens: IntCounterVec,
+    /// `source` ∈ pipeline, cache.
+    pub cost_saved_usd: CounterVec,
+    pub stream_first_byte: HistogramVec,
+    /// `method` ∈ cleared, json, text.
+    pub compactions: IntCounterVec,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -103,21 +165,21 @@ impl Metrics {
                 "ctxproxy_prompt_tokens_total",
                 "Prompt tokens of chat requests as received (phase=original) and as sent upstream (phase=sent).",
             ),
-            &["phase"],
+            &["phase", "model", "tenant"],
         )?;
         let tokens_saved = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_tokens_saved_total",
                 "Prompt tokens removed by each pipeline stage on requests sent optimized.",
             ),
-            &["stage"],
+            &["stage", "model", "tenant"],
         )?;
         let tokens_saveable = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_observe_tokens_saveable_total",
                 "Prompt tokens each pipeline stage would have removed from requests forwarded unchanged in observe mode.",
             ),
-            &["stage"],
+            &["stage", "model", "tenant"],
         )?;
         let pipeline_duration = Histogram::with_opts(
             HistogramOpts::new(
@@ -131,7 +193,7 @@ impl Metrics {
                 "ctxproxy_budget_outcomes_total",
                 "Token budget outcomes: fit (within budget), rejected (400), forwarded (over budget, sent anyway).",
             ),
-            &["outcome"],
+            &["outcome", "model", "tenant"],
         )?;
 
         let tools = IntCounterVec::new(
@@ -153,14 +215,14 @@ impl Metrics {
                 "ctxproxy_cache_requests_total",
                 "Cache lookups by cache (deterministic, dedup) and result (hit, miss, bypass, error).",
             ),
-            &["cache", "result"],
+            &["cache", "result", "model", "tenant"],
         )?;
         let cache_tokens_saved = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_cache_tokens_saved_total",
                 "Tokens not spent thanks to cache hits, from the stored usage: kind=prompt|completion.",
             ),
-            &["kind"],
+            &["kind", "model", "tenant"],
         )?;
         let cache_lookup_duration = Histogram::with_opts(
             HistogramOpts::new(
@@ -175,6 +237,42 @@ impl Metrics {
                 "Store operations that failed or timed out (each treated as a miss), by operation.",
             ),
             &["op"],
+        )?;
+        let chat_requests = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_chat_requests_total",
+                "Chat completion requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
+            ),
+            &["model", "tenant", "status", "cache"],
+        )?;
+        let usage_tokens = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_usage_tokens_total",
+                "Tokens the upstream reported in `usage` (streams included): kind=prompt|completion|cached_prompt.",
+            ),
+            &["kind", "model", "tenant"],
+        )?;
+        let cost_saved_usd = CounterVec::new(
+            Opts::new(
+                "ctxproxy_cost_saved_usd_total",
+                "Estimated US dollars not spent, from [prices]: source=pipeline (prompt tokens removed) or cache (hits' stored usage).",
+            ),
+            &["source", "model", "tenant"],
+        )?;
+        let stream_first_byte = HistogramVec::new(
+            HistogramOpts::new(
+                "ctxproxy_stream_first_byte_seconds",
+                "Streams: time from receiving the request to the first event from the upstream.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["upstream"],
+        )?;
+        let compactions = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_compactions_total",
+                "Tool results compacted by the compact stage, by method: cleared (older result replaced by a note), json, text.",
+            ),
+            &["method"],
         )?;
         let store_up = IntGauge::new(
             "ctxproxy_store_up",
@@ -198,7 +296,17 @@ impl Metrics {
         registry.register(Box::new(cache_lookup_duration.clone()))?;
         registry.register(Box::new(store_errors.clone()))?;
         registry.register(Box::new(store_up.clone()))?;
+        registry.register(Box::new(chat_requests.clone()))?;
+        registry.register(Box::new(usage_tokens.clone()))?;
+        registry.register(Box::new(cost_saved_usd.clone()))?;
+        registry.register(Box::new(stream_first_byte.clone()))?;
+        registry.register(Box::new(compactions.clone()))?;
         Ok(Metrics {
+            chat_requests,
+            usage_tokens,
+            cost_saved_usd,
+            stream_first_byte,
+            compactions,
             prompt_tokens,
             tokens_saved,
             tokens_saveable,

@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::SharedState;
 use crate::body::{BodyEnd, BodyObserver};
+use crate::metrics::ChatLabels;
 use sha2::{Digest, Sha256};
 
 use crate::cache::assemble::{StreamAssembler, replay, sse_body};
@@ -45,25 +46,46 @@ struct DedupEntry {
     answer: ChatCompletion,
 }
 
-/// Tokens a hit saved, from the usage stored with the answer.
-fn count_tokens_saved(state: &SharedState, answer: &ChatCompletion) {
-    if let Some(usage) = answer.usage.get() {
-        let saved = &state.metrics.cache_tokens_saved;
-        saved
-            .with_label_values(&["prompt"])
-            .inc_by(usage.prompt_tokens);
-        saved
-            .with_label_values(&["completion"])
-            .inc_by(usage.completion_tokens);
+/// Tokens a hit saved, from the usage stored with the answer, and what they would have cost.
+fn count_tokens_saved(
+    state: &SharedState,
+    answer: &ChatCompletion,
+    chat: &ChatRequest,
+    labels: &ChatLabels,
+) {
+    let Some(usage) = answer.usage.get() else {
+        return;
+    };
+    let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
+    let saved = &state.metrics.cache_tokens_saved;
+    saved
+        .with_label_values(&["prompt", model, tenant])
+        .inc_by(usage.prompt_tokens);
+    saved
+        .with_label_values(&["completion", model, tenant])
+        .inc_by(usage.completion_tokens);
+    if let Some(price) = state.config.price_of(&chat.model) {
+        let usd = (usage.prompt_tokens as f64 * price.input
+            + usage.completion_tokens as f64 * price.output)
+            / 1e6;
+        state
+            .metrics
+            .cost_saved_usd
+            .with_label_values(&["cache", model, tenant])
+            .inc_by(usd);
     }
 }
 
-fn count_dedup(state: &SharedState, result: &str) {
+fn count_cache(state: &SharedState, cache: &str, result: &str, labels: &ChatLabels) {
     state
         .metrics
         .cache_requests
-        .with_label_values(&["dedup", result])
+        .with_label_values(&[cache, result, &labels.model, &labels.tenant])
         .inc();
+}
+
+fn count_dedup(state: &SharedState, result: &str, labels: &ChatLabels) {
+    count_cache(state, "dedup", result, labels);
 }
 
 /// A conversational question the dedup cache may answer: the last message is the user's text,
@@ -72,9 +94,10 @@ pub async fn dedup_plan(
     state: &SharedState,
     chat: &ChatRequest,
     headers: &HeaderMap,
-    tenant: &str,
+    labels: &ChatLabels,
     upstream: &Upstream,
 ) -> Option<DedupPlan> {
+    let tenant = labels.tenant.as_str();
     let config = &state.config.cache;
     if !config.dedup.enabled {
         return None;
@@ -89,7 +112,7 @@ pub async fn dedup_plan(
         && !no_store_or_no_cache(headers)
         && state.store.is_up();
     if !eligible {
-        count_dedup(state, "bypass");
+        count_dedup(state, "bypass", labels);
         return None;
     }
     let system: Vec<String> = chat
@@ -126,7 +149,7 @@ pub async fn dedup_plan(
         Ok(vector) => vector,
         Err(reason) => {
             tracing::debug!(%reason, embedder, "dedup: no vector for the question, cache skipped");
-            count_dedup(state, "error");
+            count_dedup(state, "error", labels);
             return None;
         }
     };
@@ -156,6 +179,7 @@ pub async fn dedup_look_up(
     state: &SharedState,
     plan: &DedupPlan,
     chat: &ChatRequest,
+    labels: &ChatLabels,
 ) -> Option<Response<Body>> {
     let config = &state.config.cache.dedup;
     let started = Instant::now();
@@ -172,11 +196,11 @@ pub async fn dedup_look_up(
         .cache_lookup_duration
         .observe(started.elapsed().as_secs_f64());
     let Some(mut answer) = found else {
-        count_dedup(state, "miss");
+        count_dedup(state, "miss", labels);
         return None;
     };
-    count_dedup(state, "hit");
-    count_tokens_saved(state, &answer);
+    count_dedup(state, "hit", labels);
+    count_tokens_saved(state, &answer, chat, labels);
     for choice in &mut answer.choices {
         let text = choice
             .message
@@ -209,12 +233,8 @@ pub enum Lookup {
     Bypass,
 }
 
-fn count(state: &SharedState, result: &str) {
-    state
-        .metrics
-        .cache_requests
-        .with_label_values(&["deterministic", result])
-        .inc();
+fn count(state: &SharedState, result: &str, labels: &ChatLabels) {
+    count_cache(state, "deterministic", result, labels);
 }
 
 /// Looks `sent` (the body going upstream) up for `tenant` on upstream `route`. `chat` is the
@@ -226,20 +246,21 @@ pub async fn look_up(
     headers: &HeaderMap,
     tenant: &str,
     route: &str,
+    labels: &ChatLabels,
 ) -> Lookup {
     let config = &state.config.cache;
     let decision = decide(chat, headers, config);
     if matches!(decision, Decision::Bypass(_)) || !state.store.is_up() {
-        count(state, "bypass");
+        count(state, "bypass", labels);
         return Lookup::Bypass;
     }
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(sent) else {
-        count(state, "bypass");
+        count(state, "bypass", labels);
         return Lookup::Bypass;
     };
     let key = key(&value, tenant, route, config);
     if decision == Decision::WriteOnly {
-        count(state, "bypass");
+        count(state, "bypass", labels);
         return Lookup::WriteOnly(key);
     }
     let started = Instant::now();
@@ -249,16 +270,16 @@ pub async fn look_up(
         .cache_lookup_duration
         .observe(started.elapsed().as_secs_f64());
     let Some(bytes) = entry else {
-        count(state, "miss");
+        count(state, "miss", labels);
         return Lookup::Miss(key);
     };
     let Ok(completion) = serde_json::from_slice::<ChatCompletion>(&bytes) else {
         state.store.delete(&key).await;
-        count(state, "error");
+        count(state, "error", labels);
         return Lookup::Miss(key);
     };
-    count(state, "hit");
-    count_tokens_saved(state, &completion);
+    count(state, "hit", labels);
+    count_tokens_saved(state, &completion, chat, labels);
     Lookup::Hit(answer(&completion, chat))
 }
 

@@ -9,16 +9,18 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
+use super::meter::{self, ResponseMeter};
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
 use crate::body::{BodyObserver, Observers};
 use crate::conversation::conversation_id;
 use crate::error::ProxyError;
+use crate::metrics::ChatLabels;
 use crate::openai::ChatRequest;
 use crate::pipeline::{self, Mode, OnExceed, Rewrite, tools};
 use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end, is_event_stream};
@@ -32,10 +34,42 @@ pub async fn chat_completions(
     State(state): State<SharedState>,
     Extension(context): Extension<RequestContext>,
     request: Request,
+) -> Response<Body> {
+    let mut labels = ChatLabels::unknown(context.tenant.as_str());
+    let response = serve(&state, &context, request, &mut labels)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    let cache = response
+        .headers()
+        .get(X_CTXPROXY_CACHE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none");
+    state
+        .metrics
+        .chat_requests
+        .with_label_values(&[
+            &labels.model,
+            &labels.tenant,
+            response.status().as_str(),
+            cache,
+        ])
+        .inc();
+    response
+}
+
+async fn serve(
+    state: &SharedState,
+    context: &RequestContext,
+    request: Request,
+    labels: &mut ChatLabels,
 ) -> Result<Response<Body>, ProxyError> {
+    let received = tokio::time::Instant::now();
+    let state = state.clone();
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let chat = ChatRequest::parse(&bytes)?;
+    labels.model = state.model_labels.label(&chat.model).to_owned();
+    let labels = &*labels;
     let upstream = route(&state, &chat.model)?;
     let mode = mode_of(&parts.headers, state.config.pipeline.mode)?;
     let conversation = uses_tool_state(&state, &chat, mode)
@@ -53,7 +87,7 @@ pub async fn chat_completions(
                     state
                         .metrics
                         .budget_outcomes
-                        .with_label_values(&["rejected"])
+                        .with_label_values(&["rejected", &labels.model, &labels.tenant])
                         .inc();
                     return Err(ProxyError::ContextBudgetExceeded {
                         budget: report.budget,
@@ -65,11 +99,11 @@ pub async fn chat_completions(
                 state
                     .metrics
                     .budget_outcomes
-                    .with_label_values(&[outcome])
+                    .with_label_values(&[outcome, &labels.model, &labels.tenant])
                     .inc();
-                record_savings(&state, &rewrite);
+                record_savings(&state, &rewrite, &chat.model, labels);
             } else {
-                record_observed(&state, &rewrite);
+                record_observed(&state, &rewrite, labels);
             }
             let counts = (report.tokens_before, report.tokens_after);
             match (mode, rewrite.changed()) {
@@ -92,6 +126,7 @@ pub async fn chat_completions(
         &parts.headers,
         tenant,
         &upstream.config.name,
+        labels,
     )
     .await;
     let (cache_key, cache_label) = match cache {
@@ -107,9 +142,9 @@ pub async fn chat_completions(
         Lookup::WriteOnly(key) => (Some(key), "bypass"),
         Lookup::Bypass => (None, "bypass"),
     };
-    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, tenant, upstream).await;
+    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, labels, upstream).await;
     if let Some(plan) = &dedup
-        && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat).await
+        && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat, labels).await
     {
         if let Some((before, after)) = counts {
             let headers = response.headers_mut();
@@ -118,6 +153,16 @@ pub async fn chat_completions(
         }
         return Ok(response);
     }
+
+    // Usage of every stream, for the token metrics; the client gets it only if it asked.
+    let strip_usage = mode != Mode::Off && chat.is_stream() && !chat.include_usage();
+    let body = match strip_usage
+        .then(|| meter::with_stream_usage(&body))
+        .flatten()
+    {
+        Some(asked) => Bytes::from(asked),
+        None => body,
+    };
 
     let mut headers = end_to_end(&parts.headers);
     headers.remove(header::CONTENT_LENGTH);
@@ -148,6 +193,13 @@ pub async fn chat_completions(
     let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
     if answer.response.status().is_success() {
         let streamed = is_event_stream(answer.response.headers());
+        observers.push(Box::new(ResponseMeter::new(
+            state.clone(),
+            labels.clone(),
+            &upstream.config.name,
+            streamed,
+            received,
+        )));
         if let Some(conversation) = conversation {
             observers.push(Box::new(StickyUpdate::new(
                 state.clone(),
@@ -167,7 +219,8 @@ pub async fn chat_completions(
     }
     let observer =
         (!observers.is_empty()).then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>);
-    let mut response = upstream.relay(answer, &state.metrics, observer);
+    let drop_usage_event = strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool);
+    let mut response = upstream.relay(answer, &state.metrics, observer, drop_usage_event);
     response
         .headers_mut()
         .insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache_label));
@@ -313,39 +366,65 @@ fn rewrite(
 
 /// Observe mode sends the original: prompt tokens count it as sent, and what the pipeline
 /// would have saved goes to its own counter.
-fn record_observed(state: &SharedState, rewrite: &Rewrite) {
+fn record_observed(state: &SharedState, rewrite: &Rewrite, labels: &ChatLabels) {
     let metrics = &state.metrics;
     let report = &rewrite.report;
+    let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
     for phase in ["original", "sent"] {
         metrics
             .prompt_tokens
-            .with_label_values(&[phase])
+            .with_label_values(&[phase, model, tenant])
             .inc_by(report.tokens_before as u64);
     }
     for (stage, saved) in report.savings_by_stage() {
         metrics
             .tokens_saveable
-            .with_label_values(&[stage])
+            .with_label_values(&[stage, model, tenant])
             .inc_by(saved as u64);
     }
 }
 
-fn record_savings(state: &SharedState, rewrite: &Rewrite) {
+fn record_savings(state: &SharedState, rewrite: &Rewrite, model_name: &str, labels: &ChatLabels) {
     let metrics = &state.metrics;
     let report = &rewrite.report;
+    let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
     metrics
         .prompt_tokens
-        .with_label_values(&["original"])
+        .with_label_values(&["original", model, tenant])
         .inc_by(report.tokens_before as u64);
     metrics
         .prompt_tokens
-        .with_label_values(&["sent"])
+        .with_label_values(&["sent", model, tenant])
         .inc_by(report.tokens_after as u64);
     for (stage, saved) in report.savings_by_stage() {
         metrics
             .tokens_saved
-            .with_label_values(&[stage])
+            .with_label_values(&[stage, model, tenant])
             .inc_by(saved as u64);
+    }
+    let saved = report.tokens_before.saturating_sub(report.tokens_after);
+    if let Some(price) = state.config.price_of(model_name)
+        && saved > 0
+    {
+        metrics
+            .cost_saved_usd
+            .with_label_values(&["pipeline", model, tenant])
+            .inc_by(saved as f64 * price.input / 1e6);
+    }
+    if rewrite.changed()
+        && let Some(compact) = report.stages.iter().find(|s| s.stage == "compact")
+    {
+        for (key, method) in [
+            ("cleared", "cleared"),
+            ("json_compacted", "json"),
+            ("text_compacted", "text"),
+        ] {
+            if let Some(n) = compact.details.get(key).and_then(Value::as_u64)
+                && n > 0
+            {
+                metrics.compactions.with_label_values(&[method]).inc_by(n);
+            }
+        }
     }
     if let Some(tools) = report.stages.iter().find(|s| s.stage == "tools") {
         let count = |key: &str| tools.details.get(key).and_then(Value::as_u64);

@@ -6,6 +6,7 @@
 
 mod cached;
 mod chat;
+mod meter;
 mod middleware;
 mod ops;
 mod passthrough;
@@ -28,7 +29,7 @@ pub use middleware::RequestContext;
 
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline;
 use crate::store::Store;
 use crate::tokens::Tokenizers;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub memo: pipeline::Memo,
     /// Conversation state and caches (Redis, or memory).
     pub store: Store,
+    /// The bounded set of model names used as metric labels.
+    pub model_labels: ModelLabels,
     limiter: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
@@ -66,6 +69,7 @@ impl AppState {
         let metrics = Metrics::new()?;
         let store = Store::new(&config.store, metrics.store())?;
         Ok(Arc::new(AppState {
+            model_labels: ModelLabels::new(&config),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
             config: Arc::new(config),
             upstreams,

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 pub use headers::{apply_upstream_auth, end_to_end, is_event_stream};
 
-use crate::body::{BodyEnd, BodyObserver, ObservedBody, SseEventBody, TapBody};
+use crate::body::{BodyEnd, BodyObserver, DropFrames, ObservedBody, SseEventBody, TapBody};
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
@@ -253,11 +253,14 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 impl Upstream {
     /// The client's response: the upstream's status, end-to-end headers and body, streamed, with
     /// the total deadline applied and SSE re-framed one event per frame.
+    /// `drop_event` leaves matching SSE events out of what the client receives (after the
+    /// observer saw them).
     pub fn relay(
         &self,
         answer: UpstreamResponse,
         metrics: &Metrics,
         observer: Option<Box<dyn BodyObserver>>,
+        drop_event: Option<fn(&[u8]) -> bool>,
     ) -> Response<Body> {
         let UpstreamResponse {
             response,
@@ -284,7 +287,11 @@ impl Upstream {
         let body = match (is_sse, observer) {
             (true, Some(observer)) => {
                 parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-                Body::new(TapBody::new(SseEventBody::new(observed), observer))
+                let tapped = TapBody::new(SseEventBody::new(observed), observer);
+                match drop_event {
+                    Some(drop) => Body::new(DropFrames::new(tapped, drop)),
+                    None => Body::new(tapped),
+                }
             }
             (true, None) => {
                 parts.headers.remove(axum::http::header::CONTENT_LENGTH);

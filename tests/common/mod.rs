@@ -68,6 +68,11 @@ impl Proxy {
             .unwrap()
     }
 
+    /// The sum of the samples of metric `name` that carry every label of `labels`.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_sum(&self.metrics().await, name, labels)
+    }
+
     /// Sends the shutdown signal; returns the server task to await.
     pub fn begin_shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -138,4 +143,24 @@ pub fn client() -> reqwest::Client {
 pub async fn closed_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
+}
+
+/// The sum of the samples of metric `name` in a Prometheus text exposition that carry every
+/// label of `labels` (other labels are free).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = match series.split_once('{') {
+                Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let wanted = metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+            wanted.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
 }

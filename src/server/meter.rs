@@ -1,0 +1,175 @@
+//! What the upstream says it spent: `usage` of every chat answer (JSON, or the usage event of a
+//! stream) counted per model and tenant, and the time to a stream's first event. Streams are
+//! asked for usage even when the client did not ask (`stream_options.include_usage`); that
+//! usage-only event is then left out of what the client receives.
+
+use bytes::Bytes;
+use memchr::memmem;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::SharedState;
+use crate::body::{BodyEnd, BodyObserver};
+use crate::metrics::ChatLabels;
+use crate::openai::sse::event_data;
+use crate::openai::{Nullable, Usage};
+
+/// The largest non-streamed answer read for its usage.
+const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Deserialize)]
+struct WithUsage {
+    #[serde(default)]
+    usage: Nullable<Usage>,
+}
+
+pub struct ResponseMeter {
+    state: SharedState,
+    labels: ChatLabels,
+    upstream: String,
+    streamed: bool,
+    /// When the request arrived; taken when the first event comes.
+    received: Option<Instant>,
+    json: Vec<u8>,
+    counted: bool,
+}
+
+impl ResponseMeter {
+    pub fn new(
+        state: SharedState,
+        labels: ChatLabels,
+        upstream: &str,
+        streamed: bool,
+        received: Instant,
+    ) -> ResponseMeter {
+        ResponseMeter {
+            state,
+            labels,
+            upstream: upstream.to_owned(),
+            streamed,
+            received: Some(received),
+            json: Vec::new(),
+            counted: false,
+        }
+    }
+
+    fn count(&mut self, usage: &Usage) {
+        if self.counted {
+            return;
+        }
+        self.counted = true;
+        let cached = usage
+            .extra
+            .get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        let tokens = &self.state.metrics.usage_tokens;
+        let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
+        for (kind, n) in [
+            ("prompt", usage.prompt_tokens),
+            ("completion", usage.completion_tokens),
+            ("cached_prompt", cached),
+        ] {
+            tokens.with_label_values(&[kind, model, tenant]).inc_by(n);
+        }
+    }
+}
+
+impl BodyObserver for ResponseMeter {
+    fn on_data(&mut self, data: &Bytes) {
+        if !self.streamed {
+            if self.json.len() + data.len() <= MAX_JSON_BYTES {
+                self.json.extend_from_slice(data);
+            }
+            return;
+        }
+        if let Some(received) = self.received.take() {
+            self.state
+                .metrics
+                .stream_first_byte
+                .with_label_values(&[self.upstream.as_str()])
+                .observe(received.elapsed().as_secs_f64());
+        }
+        if memmem::find(data, b"\"usage\":{").is_some()
+            && let Some(payload) = event_data(data)
+            && let Ok(event) = serde_json::from_str::<WithUsage>(&payload)
+            && let Some(usage) = event.usage.get()
+        {
+            self.count(usage);
+        }
+    }
+
+    fn on_end(mut self: Box<Self>, end: BodyEnd) {
+        if self.streamed || end != BodyEnd::Complete {
+            return;
+        }
+        if let Ok(answer) = serde_json::from_slice::<WithUsage>(&self.json)
+            && let Some(usage) = answer.usage.get()
+        {
+            let usage = usage.clone();
+            self.count(&usage);
+        }
+    }
+}
+
+/// Whether an SSE event is the usage-only chunk (`"choices": []` with a `usage` object).
+pub fn is_usage_only_event(event: &[u8]) -> bool {
+    if memmem::find(event, b"\"usage\":{").is_none() {
+        return false;
+    }
+    #[derive(Deserialize)]
+    struct Chunk {
+        #[serde(default)]
+        choices: Option<Vec<serde_json::Value>>,
+        #[serde(default)]
+        usage: Option<serde_json::Value>,
+    }
+    event_data(event)
+        .and_then(|payload| serde_json::from_str::<Chunk>(&payload).ok())
+        .is_some_and(|c| {
+            c.choices.is_some_and(|ch| ch.is_empty()) && c.usage.is_some_and(|u| u.is_object())
+        })
+}
+
+/// The body with `stream_options.include_usage = true` when the client did not ask for usage,
+/// or `None` when it already did (or the body is not a JSON object).
+pub fn with_stream_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object_mut()?;
+    let options = object
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::json!({}));
+    if !options.is_object() {
+        *options = serde_json::json!({});
+    }
+    let options = options.as_object_mut()?;
+    if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
+        return None;
+    }
+    options.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&value).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_usage_event_is_recognized_and_usage_is_asked_once() {
+        assert!(is_usage_only_event(
+            b"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\n"
+        ));
+        assert!(!is_usage_only_event(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\"}}],\"usage\":null}\n\n"
+        ));
+        assert!(!is_usage_only_event(b"data: [DONE]\n\n"));
+        let asked = with_stream_usage(br#"{"model":"m","stream":true}"#).unwrap();
+        let asked: serde_json::Value = serde_json::from_slice(&asked).unwrap();
+        assert_eq!(asked["stream_options"]["include_usage"], true);
+        assert_eq!(
+            with_stream_usage(br#"{"stream":true,"stream_options":{"include_usage":true}}"#),
+            None
+        );
+    }
+}
