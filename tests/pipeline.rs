@@ -10,31 +10,6 @@ use ctxproxy::mock_upstream::{MockOptions, MockStats};
 use serde_json::{Value, json};
 
 /// A 12-turn conversation with two system messages, a tool call and a large JSON tool result.
-fn long_conversation() -> Value {
-    let mut messages =
-        vec![json!({"role": "system", "content": "You are a travel agent. Be precise."})];
-    let repos: Vec<Value> = (0..150)
-        .map(|i| json!({"id": 1000 + i, "name": format!("trip-{i}"), "html_url": format!("https://example.com/trips/{i}"),
-            "owner": {"login": "acme", "id": 7, "avatar_url": "https://example.com/a.png"}, "notes": null,
-            "internal_blob": "x".repeat(40)}))
-        .collect();
-    for turn in 0..12 {
-        messages.push(json!({"role": "user", "content": format!("Question {turn} about flight AB{turn:03} to Lisbon and hotel booking options near the airport?")}));
-        if turn == 9 {
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
-                "function": {"name": "list_trips", "arguments": "{\"city\":\"Lisbon\"}"}}]}));
-            messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": Value::Array(repos.clone()).to_string()}));
-        }
-        messages.push(json!({"role": "assistant", "content": format!("Answer {turn}: flight AB{turn:03} leaves at 10:{turn:02}. The hotel near the airport has rooms.")}));
-        if turn == 4 {
-            messages.push(json!({"role": "system", "content": "Prices are in EUR."}));
-        }
-    }
-    messages.push(json!({"role": "user", "content": "So which flight should I take to Lisbon, given the hotel options?"}));
-    json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "list_trips",
-        "description": "List trips", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
-}
-
 async fn send(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut request = client().post(url).header("x-mock-echo", "1").json(body);
     for (name, value) in headers {
@@ -61,7 +36,7 @@ fn counts(response: &reqwest::Response) -> (usize, usize) {
 async fn optimize_sends_the_rewritten_request_and_reports_counts() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
-    let body = long_conversation();
+    let body = common::long_conversation();
     let response = send(&proxy.url("/v1/chat/completions"), &body, &[]).await;
     assert_eq!(response.status(), 200);
     let (before, after) = counts(&response);
@@ -113,7 +88,7 @@ async fn optimize_sends_the_rewritten_request_and_reports_counts() {
 async fn observe_forwards_the_original_and_off_reports_nothing() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
-    let body = long_conversation();
+    let body = common::long_conversation();
     let observed = send(
         &proxy.url("/v1/chat/completions"),
         &body,
@@ -176,7 +151,7 @@ fn sum_of(metrics: &str, name: &str, labels: &[(&str, &str)]) -> usize {
 async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
-    let body = long_conversation();
+    let body = common::long_conversation();
     let refused = send(
         &proxy.url("/v1/chat/completions"),
         &body,
@@ -231,7 +206,7 @@ async fn savings_are_counted_in_metrics() {
     let proxy = proxy_for(&mock, "").await;
     let response = send(
         &proxy.url("/v1/chat/completions"),
-        &long_conversation(),
+        &common::long_conversation(),
         &[],
     )
     .await;

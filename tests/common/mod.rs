@@ -164,3 +164,31 @@ pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .sum()
 }
+
+/// A 12-turn travel conversation with a 150-item tool result and a late system message: long
+/// enough that every stage has something to do.
+pub fn long_conversation() -> serde_json::Value {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a travel agent. Be precise."}),
+    ];
+    let repos: Vec<serde_json::Value> = (0..150)
+        .map(|i| serde_json::json!({"id": 1000 + i, "name": format!("trip-{i}"), "html_url": format!("https://example.com/trips/{i}"),
+            "owner": {"login": "acme", "id": 7, "avatar_url": "https://example.com/a.png"}, "notes": null,
+            "internal_blob": "x".repeat(40)}))
+        .collect();
+    for turn in 0..12 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("Question {turn} about flight AB{turn:03} to Lisbon and hotel booking options near the airport?")}));
+        if turn == 9 {
+            messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "list_trips", "arguments": "{\"city\":\"Lisbon\"}"}}]}));
+            messages.push(serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": serde_json::Value::Array(repos.clone()).to_string()}));
+        }
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("Answer {turn}: flight AB{turn:03} leaves at 10:{turn:02}. The hotel near the airport has rooms.")}));
+        if turn == 4 {
+            messages.push(serde_json::json!({"role": "system", "content": "Prices are in EUR."}));
+        }
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "So which flight should I take to Lisbon, given the hotel options?"}));
+    serde_json::json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "list_trips",
+        "description": "List trips", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
+}
