@@ -7,7 +7,7 @@ mod common;
 
 use common::{client, proxy_for, start_mock};
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// A 12-turn conversation with two system messages, a tool call and a large JSON tool result.
 async fn send(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
