@@ -3,8 +3,9 @@
 # `openai` Python SDK against a running proxy.
 #
 # Prepares what the tests need on a fresh machine: a Redis on 127.0.0.1:6379 (started here when
-# none answers, installed with apt when missing, stopped again at the end) and a virtualenv with
-# the `openai` package from PyPI (kept in target/sdk-venv between runs).
+# none answers, installed with apt when missing, stopped again at the end), a virtualenv with
+# the `openai` package from PyPI (kept in target/sdk-venv between runs), and Prometheus with
+# promtool (Debian package `prometheus`, installed when missing; the test starts its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +42,13 @@ if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40"
 fi
 export CTXPROXY_TEST_PYTHON="$venv/bin/python"
+
+# --- Prometheus and promtool (Debian package), for the dashboard and alert-rule tests --------------
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  apt_install prometheus
+fi
+export CTXPROXY_TEST_PROMETHEUS="$(command -v prometheus)"
+export CTXPROXY_TEST_PROMTOOL="$(command -v promtool)"
 
 # --- The tests -------------------------------------------------------------------------------
 cargo test --all-targets "$@"

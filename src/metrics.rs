@@ -329,6 +329,35 @@ impl Metrics {
         })
     }
 
+    /// Creates the series of closed label sets at zero, so that every metric is exported from
+    /// the start and `rate()` sees the first increase.
+    pub fn initialize(&self, config: &Config) {
+        for op in ["get", "set", "delete", "push", "list", "ping"] {
+            self.store_errors.with_label_values(&[op]);
+        }
+        for upstream in &config.upstreams {
+            for kind in ["connect", "request", "timeout", "body"] {
+                self.upstream_errors
+                    .with_label_values(&[upstream.name.as_str(), kind]);
+            }
+        }
+        for reason in [
+            "match",
+            "sticky",
+            "no_match_drop",
+            "no_match_keep",
+            "protected",
+        ] {
+            self.tool_filter_decisions.with_label_values(&[reason]);
+        }
+        for phase in ["offered", "sent"] {
+            self.tools.with_label_values(&[phase]);
+        }
+        for method in ["cleared", "json", "text"] {
+            self.compactions.with_label_values(&[method]);
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();

@@ -67,6 +67,7 @@ impl AppState {
     pub fn new(config: Config) -> Result<SharedState, StartError> {
         let upstreams = Upstreams::new(&config)?;
         let metrics = Metrics::new()?;
+        metrics.initialize(&config);
         let store = Store::new(&config.store, metrics.store())?;
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(&config),
