@@ -584,6 +584,17 @@ fn to_usize(key: &str, value: u64) -> Result<usize, ConfigError> {
     usize::try_from(value).map_err(|_| ConfigError::invalid(key, "too large"))
 }
 
+/// `CTXPROXY_*` variables that are not config overrides: the config path (`CTXPROXY_CONFIG`),
+/// the test suite's (`CTXPROXY_TEST_*`), and those Kubernetes injects for a Service named
+/// `ctxproxy` (`CTXPROXY_SERVICE_HOST`, `CTXPROXY_PORT_8080_TCP`…).
+fn not_an_override(name: &str) -> bool {
+    name == "CONFIG"
+        || name == "PORT"
+        || ["TEST_", "SERVICE_", "PORT_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+}
+
 /// Applies `CTXPROXY_<SECTION>_<KEY>=value`, where SECTION may be nested
 /// (`CTXPROXY_PIPELINE_BUDGET_MAX_TOKENS` sets `[pipeline.budget] max_tokens`). The value is
 /// read as a TOML value when it is one (`100`, `true`, `["a","b"]`), else as a string.
@@ -601,6 +612,9 @@ fn apply_env_overrides(
         let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
             continue;
         };
+        if not_an_override(rest) {
+            continue;
+        }
         let mut rest = rest.to_ascii_lowercase();
         let mut path: Vec<String> = Vec::new();
         let mut node = &schema;
@@ -793,6 +807,19 @@ mod tests {
         }
         let err = Config::from_toml("", vec![("CTXPROXY_NOPE_X".into(), "1".into())]).unwrap_err();
         assert!(err.to_string().contains("CTXPROXY_NOPE_X"));
+        // Not overrides: the config path, the tests' variables, Kubernetes service links.
+        let others = [
+            ("CTXPROXY_CONFIG", "/etc/ctxproxy/config.toml"),
+            ("CTXPROXY_TEST_PYTHON", "/usr/bin/python3"),
+            ("CTXPROXY_SERVICE_HOST", "10.0.0.7"),
+            ("CTXPROXY_PORT", "tcp://10.0.0.7:8080"),
+            ("CTXPROXY_PORT_8080_TCP_PORT", "8080"),
+        ];
+        let env: Vec<(String, String)> = others
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert!(Config::from_toml("", env).is_ok());
     }
 
     #[test]
