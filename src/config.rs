@@ -542,7 +542,7 @@ fn upstream_config(
             _ => {
                 return Err(ConfigError::invalid(
                     format!("{key}.api_key_env"),
-                    format!("environment variable `{api_key_env}` is not set"),
+                    format!("environment variable `{api_key_env}` is not set or empty"),
                 ));
             }
         }

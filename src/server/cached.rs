@@ -297,6 +297,10 @@ fn answer(completion: &ChatCompletion, chat: &ChatRequest) -> Response<Body> {
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if content_type != "application/json" {
+        // Like a live stream: never stored by intermediaries.
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
     headers.insert(X_CTXPROXY_CACHE, HeaderValue::from_static("hit"));
     response
 }
