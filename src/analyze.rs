@@ -80,7 +80,7 @@ fn last_user_text(request: &ChatRequest) -> String {
         .unwrap_or_default()
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
 pub struct Percentiles {
     pub p50: f64,
     pub p90: f64,

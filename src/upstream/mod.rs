@@ -22,7 +22,7 @@ use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// All upstreams, indexed as `Config::upstreams`.
 pub struct Upstreams {
@@ -62,23 +62,36 @@ pub struct UpstreamResponse {
     pub deadline: Instant,
 }
 
+/// A pooled HTTP/1.1 + HTTP/2 client over TCP or TLS (webpki roots), no-delay sockets.
+pub fn http_client(
+    connect_timeout: std::time::Duration,
+    pool_idle_timeout: std::time::Duration,
+    pool_max_idle_per_host: usize,
+) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(pool_idle_timeout)
+        .pool_max_idle_per_host(pool_max_idle_per_host)
+        .build(https)
+}
+
 impl Upstream {
     fn new(config: UpstreamConfig) -> Result<Upstream, std::io::Error> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(config.connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_max_idle_per_host)
-            .build(https);
+        let client = http_client(
+            config.connect_timeout,
+            config.pool_idle_timeout,
+            config.pool_max_idle_per_host,
+        );
         Ok(Upstream { config, client })
     }
 
