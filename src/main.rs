@@ -121,6 +121,12 @@ enum Command {
         /// Streaming pace; 0 sends every chunk at once.
         #[arg(long, default_value_t = 0.0)]
         tokens_per_sec: f64,
+        /// A uniformly random extra delay of up to this many ms, on top of --latency-ms.
+        #[arg(long, default_value_t = 0)]
+        jitter_ms: u64,
+        /// Share of requests (0 to 1) answered with a 500 error, at random.
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
     },
 }
 
@@ -373,10 +379,14 @@ fn main() -> ExitCode {
             listen,
             latency_ms,
             tokens_per_sec,
+            jitter_ms,
+            error_rate,
         } => {
             let options = MockOptions {
                 latency: Duration::from_millis(latency_ms),
                 tokens_per_sec: (tokens_per_sec > 0.0).then_some(tokens_per_sec),
+                jitter: Duration::from_millis(jitter_ms),
+                error_rate: error_rate.clamp(0.0, 1.0),
             };
             run_async(mock(listen, options))
         }

@@ -107,3 +107,27 @@ async fn through_the_proxy_the_summary_matches_the_mock_and_the_headers() {
     assert_eq!(off.tokens_before, 0);
     assert!(replay::diff(&off, &report).contains("test"));
 }
+
+#[tokio::test]
+async fn the_mock_adds_jitter_and_random_errors_for_load_tests() {
+    let mock = start_mock(MockOptions {
+        latency: Duration::from_millis(20),
+        jitter: Duration::from_millis(30),
+        error_rate: 0.5,
+        ..MockOptions::default()
+    })
+    .await;
+    let mut run = options(mock.base_url(), Pacing::Closed { concurrency: 8 });
+    run.requests = Some(200);
+    let report = replay::run(&run, &fixture()).await.unwrap();
+    assert_eq!(report.requests, 200);
+    // About half fail (binomial: 200 draws at 0.5 stay within 60..140 but for 1 in 10^8).
+    assert!((60..=140).contains(&report.errors), "{}", report.errors);
+    assert_eq!(report.errors_by_status["500"], report.errors);
+    assert!(report.latency_ms.p50 >= 20.0 && report.latency_ms.max < 500.0);
+    assert!(
+        report.latency_ms.p90 - report.latency_ms.p50 > 5.0,
+        "no jitter: {:?}",
+        report.latency_ms
+    );
+}

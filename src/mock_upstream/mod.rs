@@ -34,6 +34,15 @@ pub struct MockOptions {
     pub latency: Duration,
     /// Stream pacing; `None` sends every chunk at once.
     pub tokens_per_sec: Option<f64>,
+    /// A uniformly random extra delay, from 0 to this, on top of `latency`.
+    pub jitter: Duration,
+    /// Share of requests (0 to 1) answered with a 500 error, at random.
+    pub error_rate: f64,
+}
+
+/// A uniform random number in [0, 1) (from the OS's random source, through a v4 UUID).
+fn uniform() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1_u64 << 53) as f64
 }
 
 /// Counters a test can read (in process, or as JSON at `GET /mock/stats`).
@@ -137,11 +146,19 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// Applies `X-Mock-Latency-Ms` / the configured latency, then `X-Mock-Status`.
 async fn common_prelude(state: &MockState, headers: &HeaderMap) -> Result<(), Response> {
     state.stats.bump(&state.stats.requests);
+    let jitter = state.options.jitter.mul_f64(uniform());
     let latency = header_str(headers, "x-mock-latency-ms")
         .and_then(|v| v.parse().ok())
-        .map_or(state.options.latency, Duration::from_millis);
+        .map_or(state.options.latency + jitter, Duration::from_millis);
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
+    }
+    if state.options.error_rate > 0.0 && uniform() < state.options.error_rate {
+        return Err(error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock failure (--error-rate)",
+            "mock_random_failure",
+        ));
     }
     if let Some(status) = header_str(headers, "x-mock-status").and_then(|v| v.parse::<u16>().ok()) {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
