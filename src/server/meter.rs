@@ -135,6 +135,28 @@ pub fn is_usage_only_event(event: &[u8]) -> bool {
 /// The body with `stream_options.include_usage = true` when the client did not ask for usage,
 /// or `None` when it already did (or the body is not a JSON object).
 pub fn with_stream_usage(body: &[u8]) -> Option<Vec<u8>> {
+    // Usual case, no `stream_options` key anywhere: insert it after the opening brace, without
+    // parsing the body again (it was parsed and validated already).
+    if memmem::find(body, b"\"stream_options\"").is_none() {
+        let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+        if body[open] != b'{' {
+            return None;
+        }
+        let empty = body[open + 1..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b == b'}');
+        let field: &[u8] = if empty {
+            b"\"stream_options\":{\"include_usage\":true}"
+        } else {
+            b"\"stream_options\":{\"include_usage\":true},"
+        };
+        let mut out = Vec::with_capacity(body.len() + field.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(field);
+        out.extend_from_slice(&body[open + 1..]);
+        return Some(out);
+    }
     let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let object = value.as_object_mut()?;
     let options = object
@@ -171,5 +193,22 @@ mod tests {
             with_stream_usage(br#"{"stream":true,"stream_options":{"include_usage":true}}"#),
             None
         );
+        // Both paths give valid JSON with the option set, and keep every other field.
+        for body in [
+            &br#" {"model":"m","stream":true}"#[..],
+            br#"{}"#,
+            br#"{"stream":true,"stream_options":{"include_usage":false},"n":1}"#,
+            br#"{"stream":true,"stream_options":null}"#,
+        ] {
+            let asked: serde_json::Value =
+                serde_json::from_slice(&with_stream_usage(body).unwrap()).unwrap();
+            assert_eq!(asked["stream_options"]["include_usage"], true, "{body:?}");
+            let original: serde_json::Value = serde_json::from_slice(body).unwrap();
+            for (key, value) in original.as_object().unwrap() {
+                if key != "stream_options" {
+                    assert_eq!(&asked[key], value);
+                }
+            }
+        }
     }
 }
