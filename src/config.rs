@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::CacheConfig;
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::ToolsConfig;
+use crate::record::RecordConfig;
 use crate::store::StoreConfig;
 use crate::tokens::Encoding;
 
@@ -61,6 +62,7 @@ pub struct RawConfig {
     pub cache: CacheConfig,
     /// USD per million tokens, by model name or glob: what savings are worth.
     pub prices: BTreeMap<String, ModelPrice>,
+    pub record: RecordConfig,
 }
 
 /// A model's list price, in US dollars per million tokens.
@@ -220,6 +222,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub cache: CacheConfig,
     pub prices: BTreeMap<String, ModelPrice>,
+    pub record: RecordConfig,
     /// The file as given plus defaults and overrides, for `check-config`.
     pub raw: RawConfig,
 }
@@ -483,6 +486,9 @@ impl RawConfig {
         self.cache
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        self.record
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         for (model, price) in &self.prices {
             let valid = |x: f64| x.is_finite() && x >= 0.0;
             if !valid(price.input) || !valid(price.output) {
@@ -503,6 +509,7 @@ impl RawConfig {
             store: self.store.clone(),
             cache: self.cache.clone(),
             prices: self.prices.clone(),
+            record: self.record.clone(),
             raw: self,
         })
     }

@@ -13,6 +13,7 @@ pub mod metrics; // every Prometheus metric
 pub mod mock_upstream; // the fake OpenAI model for tests and load runs
 pub mod openai; // lossless wire types and SSE parsing
 pub mod pipeline; // the rewriting stages (pure)
+pub mod record; // recorded exchanges: sampling, bounded queue, rotating JSONL writer
 pub mod replay; // `ctxproxy replay`: recorded traffic as a load test, and its report
 pub mod server; // routes, middleware, handlers, shutdown
 pub mod store; // Redis / in-memory key-value store with breaker and fallback

@@ -86,7 +86,8 @@ enum Command {
         /// Stop after this many requests …
         #[arg(long)]
         requests: Option<u64>,
-        /// … or after this long (`30s`, `2m`, `500ms`), whichever comes first.
+        /// … or after this long (`30s`, `2m`, `500ms`), whichever comes first. With neither,
+        /// every request of the files is sent once.
         #[arg(long, value_parser = parse_duration)]
         duration: Option<Duration>,
         /// An extra request header, `Name: value` (repeatable), e.g. `X-Ctxproxy-Mode: off`.
@@ -428,9 +429,13 @@ async fn serve(config: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     tracing::info!(%listen, version = env!("CARGO_PKG_VERSION"), "ctxproxy listening");
-    server::serve(listener, state, server::shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    let served = server::serve(listener, state.clone(), server::shutdown_signal()).await;
+    // What was recorded before the stop reaches the file.
+    let _ = tokio::task::spawn_blocking(move || {
+        state.recorder.close(std::time::Duration::from_secs(5));
+    })
+    .await;
+    served.map_err(|e| e.to_string())
 }
 
 async fn mock(listen: SocketAddr, options: MockOptions) -> Result<(), String> {

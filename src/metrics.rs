@@ -2,8 +2,8 @@
 //! down (no global statics). Label values come only from closed sets or configured names.
 
 use prometheus::{
-    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::config::{Config, glob_match};
@@ -99,6 +99,10 @@ pub struct Metrics {
     pub stream_first_byte: HistogramVec,
     /// `method` ∈ cleared, json, text.
     pub compactions: IntCounterVec,
+    /// Exchanges written to the `[record]` file.
+    pub records_written: IntCounter,
+    /// `reason` ∈ queue_full, write_error, writer_stopped.
+    pub record_dropped: IntCounterVec,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -274,6 +278,17 @@ impl Metrics {
             ),
             &["method"],
         )?;
+        let records_written = IntCounter::new(
+            "ctxproxy_records_written_total",
+            "Exchanges written to the [record] file.",
+        )?;
+        let record_dropped = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_record_dropped_total",
+                "Sampled exchanges not recorded, by reason: queue_full (the writer is behind; the request was not slowed), write_error, writer_stopped.",
+            ),
+            &["reason"],
+        )?;
         let store_up = IntGauge::new(
             "ctxproxy_store_up",
             "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
@@ -301,7 +316,11 @@ impl Metrics {
         registry.register(Box::new(cost_saved_usd.clone()))?;
         registry.register(Box::new(stream_first_byte.clone()))?;
         registry.register(Box::new(compactions.clone()))?;
+        registry.register(Box::new(records_written.clone()))?;
+        registry.register(Box::new(record_dropped.clone()))?;
         Ok(Metrics {
+            records_written,
+            record_dropped,
             chat_requests,
             usage_tokens,
             cost_saved_usd,
@@ -355,6 +374,9 @@ impl Metrics {
         }
         for method in ["cleared", "json", "text"] {
             self.compactions.with_label_values(&[method]);
+        }
+        for reason in ["queue_full", "write_error", "writer_stopped"] {
+            self.record_dropped.with_label_values(&[reason]);
         }
     }
 

@@ -23,6 +23,14 @@ impl Mode {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Optimize => "optimize",
+            Mode::Observe => "observe",
+            Mode::Off => "off",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

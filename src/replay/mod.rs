@@ -159,9 +159,12 @@ pub async fn run(options: &Options, requests: &[Recorded]) -> Result<Report, Str
     if requests.is_empty() {
         return Err("no requests to replay".into());
     }
-    if options.requests.is_none() && options.duration.is_none() {
-        return Err("give --requests or --duration".into());
-    }
+    // Neither a count nor a duration: every request of the file, once.
+    let limit = match (options.requests, options.duration) {
+        (Some(n), _) => n,
+        (None, None) => requests.len() as u64,
+        (None, Some(_)) => u64::MAX,
+    };
     let headers = options
         .headers
         .iter()
@@ -173,9 +176,9 @@ pub async fn run(options: &Options, requests: &[Recorded]) -> Result<Report, Str
         })
         .collect::<Result<Vec<_>, String>>()?;
     let progress = if options.progress {
-        let bar = match options.requests {
-            Some(n) => ProgressBar::new(n),
-            None => ProgressBar::new_spinner(),
+        let bar = match limit {
+            u64::MAX => ProgressBar::new_spinner(),
+            n => ProgressBar::new(n),
         };
         bar.set_style(
             ProgressStyle::with_template(
@@ -198,7 +201,6 @@ pub async fn run(options: &Options, requests: &[Recorded]) -> Result<Report, Str
         timeout: options.timeout,
         progress: progress.clone(),
     });
-    let limit = options.requests.unwrap_or(u64::MAX);
     let started = Instant::now();
     let deadline = options.duration.map(|d| started + d);
     let open = |now: Instant| deadline.is_none_or(|d| now < d);

@@ -17,12 +17,13 @@ use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
 use super::meter::{self, ResponseMeter};
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
-use crate::body::{BodyObserver, Observers};
+use crate::body::{BodyObserver, Observers, TapBody};
 use crate::conversation::conversation_id;
 use crate::error::ProxyError;
 use crate::metrics::ChatLabels;
 use crate::openai::ChatRequest;
 use crate::pipeline::{self, Mode, OnExceed, Rewrite, tools};
+use crate::record::{Exchange, ResponseCapture};
 use crate::upstream::{OutgoingBody, Upstream, apply_upstream_auth, end_to_end, is_event_stream};
 
 const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
@@ -35,10 +36,23 @@ pub async fn chat_completions(
     Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Response<Body> {
+    let received = tokio::time::Instant::now();
     let mut labels = ChatLabels::unknown(context.tenant.as_str());
-    let response = serve(&state, &context, request, &mut labels)
-        .await
-        .unwrap_or_else(IntoResponse::into_response);
+    let request_id = context.request_id.to_str().unwrap_or_default();
+    let mut record = state.recorder.sample(request_id, context.tenant.as_str());
+    if let Some(exchange) = &mut record {
+        exchange.headers = request.headers().clone();
+    }
+    let response = serve(
+        &state,
+        &context,
+        request,
+        &mut labels,
+        &mut record,
+        received,
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response);
     let cache = response
         .headers()
         .get(X_CTXPROXY_CACHE)
@@ -54,7 +68,17 @@ pub async fn chat_completions(
             cache,
         ])
         .inc();
-    response
+    // Answers that did not come from the upstream (errors, cache hits) are recorded here.
+    match record {
+        Some(mut exchange) => {
+            exchange.status = response.status().as_u16();
+            exchange.cache = Some(cache.to_owned());
+            exchange.streamed = is_event_stream(response.headers());
+            let capture = ResponseCapture::new(state.clone(), exchange, received);
+            response.map(|body| Body::new(TapBody::new(body, Box::new(capture))))
+        }
+        None => response,
+    }
 }
 
 async fn serve(
@@ -62,11 +86,15 @@ async fn serve(
     context: &RequestContext,
     request: Request,
     labels: &mut ChatLabels,
+    record: &mut Option<Exchange>,
+    received: tokio::time::Instant,
 ) -> Result<Response<Body>, ProxyError> {
-    let received = tokio::time::Instant::now();
     let state = state.clone();
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    if let Some(exchange) = record.as_mut() {
+        exchange.request = bytes.clone();
+    }
     let chat = ChatRequest::parse(&bytes)?;
     labels.model = state.model_labels.label(&chat.model).to_owned();
     let labels = &*labels;
@@ -74,13 +102,27 @@ async fn serve(
     let mode = mode_of(&parts.headers, state.config.pipeline.mode)?;
     let conversation = uses_tool_state(&state, &chat, mode)
         .then(|| conversation_id(context.tenant.as_str(), &parts.headers, &chat));
+    if let Some(exchange) = record.as_mut() {
+        exchange.request_is_json = true;
+        exchange.model = Some(chat.model.clone());
+        exchange.mode = Some(mode.as_str());
+        exchange.conversation_id =
+            Some(conversation.clone().unwrap_or_else(|| {
+                conversation_id(context.tenant.as_str(), &parts.headers, &chat)
+            }));
+    }
 
     let (body, counts) = match mode {
         Mode::Off => (bytes, None),
         Mode::Observe | Mode::Optimize => {
             let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
+            let started = Instant::now();
             let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
             let report = &rewrite.report;
+            if let Some(exchange) = record.as_mut() {
+                exchange.pipeline_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+                exchange.report = Some(report.clone());
+            }
             let over_budget = state.config.pipeline.budget.enabled && !report.fits;
             if mode == Mode::Optimize {
                 if over_budget && state.config.pipeline.budget.on_exceed == OnExceed::Reject {
@@ -110,7 +152,11 @@ async fn serve(
                 (Mode::Optimize, true) => {
                     let rewritten = serde_json::to_vec(&rewrite.request)
                         .map_err(|e| ProxyError::Internal(e.to_string()))?;
-                    (Bytes::from(rewritten), Some(counts))
+                    let rewritten = Bytes::from(rewritten);
+                    if let Some(exchange) = record.as_mut() {
+                        exchange.rewritten = Some(rewritten.clone());
+                    }
+                    (rewritten, Some(counts))
                 }
                 // Nothing changed, or observe mode: the client's own bytes go upstream.
                 _ => (bytes, Some(counts)),
@@ -181,6 +227,7 @@ async fn serve(
         None => "/chat/completions".to_owned(),
     };
     let uri = upstream.uri(&suffix)?;
+    let sent = Instant::now();
     let answer = upstream
         .send(
             Method::POST,
@@ -191,6 +238,18 @@ async fn serve(
         )
         .await?;
     let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
+    // Recorded from the upstream's bytes, before the usage event is left out for the client.
+    if let Some(mut exchange) = record.take() {
+        exchange.upstream_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
+        exchange.status = answer.response.status().as_u16();
+        exchange.cache = Some(cache_label.to_owned());
+        exchange.streamed = is_event_stream(answer.response.headers());
+        observers.push(Box::new(ResponseCapture::new(
+            state.clone(),
+            exchange,
+            received,
+        )));
+    }
     if answer.response.status().is_success() {
         let streamed = is_event_stream(answer.response.headers());
         observers.push(Box::new(ResponseMeter::new(

@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline;
+use crate::record::Recorder;
 use crate::store::Store;
 use crate::tokens::Tokenizers;
 use crate::upstream::Upstreams;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub store: Store,
     /// The bounded set of model names used as metric labels.
     pub model_labels: ModelLabels,
+    /// `[record]`: sampled exchanges to the recording file.
+    pub recorder: Recorder,
     limiter: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
@@ -61,6 +64,8 @@ pub enum StartError {
     Upstream(#[from] std::io::Error),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("recorder: {0}")]
+    Recorder(std::io::Error),
 }
 
 impl AppState {
@@ -69,6 +74,12 @@ impl AppState {
         let metrics = Metrics::new()?;
         metrics.initialize(&config);
         let store = Store::new(&config.store, metrics.store())?;
+        let recorder = Recorder::start(
+            &config.record,
+            metrics.records_written.clone(),
+            metrics.record_dropped.clone(),
+        )
+        .map_err(StartError::Recorder)?;
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(&config),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
@@ -78,6 +89,7 @@ impl AppState {
             tokenizers: Tokenizers::default(),
             memo: pipeline::Memo::default(),
             store,
+            recorder,
             shutting_down: AtomicBool::new(false),
         }))
     }
