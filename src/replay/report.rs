@@ -41,6 +41,10 @@ pub struct Report {
     pub throughput_rps: f64,
     /// From the intended send time (open loop) or the send (closed loop) to the last byte.
     pub latency_ms: Percentiles,
+    /// The same, over the answers no cache gave (`X-Ctxproxy-Cache` not `hit` nor `dedup`):
+    /// what the proxy adds to a model call.
+    #[serde(default)]
+    pub uncached_latency_ms: Percentiles,
     /// Streams only.
     pub ttfb_ms: Option<Percentiles>,
     pub streams: u64,
@@ -62,6 +66,13 @@ impl Report {
                 0.0
             },
             latency_ms: Percentiles::of(samples.iter().map(|s| s.latency_ms).collect()),
+            uncached_latency_ms: Percentiles::of(
+                samples
+                    .iter()
+                    .filter(|s| !matches!(s.cache.as_deref(), Some("hit" | "dedup")))
+                    .map(|s| s.latency_ms)
+                    .collect(),
+            ),
             ..Report::default()
         };
         let ttfb: Vec<f64> = samples.iter().filter_map(|s| s.ttfb_ms).collect();
@@ -108,6 +119,7 @@ impl Report {
             ("duration (s)", format!("{:.2}", self.duration_s)),
             ("throughput (req/s)", format!("{:.1}", self.throughput_rps)),
             ("latency ms p50/p90/p99/max", p(&self.latency_ms)),
+            ("  without cache answers", p(&self.uncached_latency_ms)),
             (
                 "stream TTFB ms p50/p90/p99/max",
                 self.ttfb_ms.as_ref().map_or_else(|| "-".to_owned(), p),
@@ -190,6 +202,8 @@ mod tests {
             }
         );
         assert_eq!(report.throughput_rps, 2.0);
+        assert_eq!(report.latency_ms.max, 10.0);
+        assert_eq!(report.uncached_latency_ms.p50, 5.0);
         assert!(diff(&report, &report).contains("run"));
     }
 }

@@ -386,6 +386,7 @@ async fn sticky_categories(
     categories.extend(tools::previous_turn_categories(
         chat,
         &state.config.pipeline,
+        &state.memo,
     ));
     categories.sort();
     categories.dedup();

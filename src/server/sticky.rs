@@ -55,7 +55,7 @@ impl StickyUpdate {
         streamed: bool,
     ) -> StickyUpdate {
         let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
-        let catalog = Catalog::build(tools, &state.config.pipeline.tools);
+        let catalog = Catalog::memoized(tools, &state.config.pipeline.tools, &state.memo);
         let categories = catalog
             .categories
             .iter()

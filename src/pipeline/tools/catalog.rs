@@ -2,10 +2,12 @@
 //! for unclaimed tools one derived from the tool's name, with the words that call for each.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, LazyLock};
 
 use crate::config::glob_match;
 use crate::openai::Tool;
+use crate::pipeline::Memo;
 use crate::pipeline::config::ToolsConfig;
 use crate::pipeline::text::{content_words, first_sentence, normalize};
 
@@ -178,6 +180,23 @@ pub fn namespace(name: &str) -> String {
 }
 
 impl Catalog {
+    /// The catalog of `tools` under `config`, built once per distinct input (what it reads:
+    /// tool names and descriptions, and the configured categories) and then shared.
+    pub fn memoized(tools: &[Tool], config: &ToolsConfig, memo: &Memo) -> Arc<Catalog> {
+        let mut hasher = std::hash::DefaultHasher::new();
+        tools.len().hash(&mut hasher);
+        for tool in tools {
+            let function = tool.function.as_ref();
+            function.map(|f| f.name.as_str()).hash(&mut hasher);
+            function.and_then(|f| f.description.get()).hash(&mut hasher);
+        }
+        config.derived_max_tools.hash(&mut hasher);
+        for category in &config.categories {
+            (&category.name, &category.keywords, &category.tools).hash(&mut hasher);
+        }
+        memo.catalog(hasher.finish(), || Catalog::build(tools, config))
+    }
+
     pub fn build(tools: &[Tool], config: &ToolsConfig) -> Catalog {
         let mut categories: Vec<Category> = config
             .categories
