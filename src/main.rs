@@ -102,6 +102,10 @@ enum Command {
         /// Streaming as recorded, or forced on or off.
         #[arg(long, value_enum, default_value = "recorded")]
         stream: StreamArg,
+        /// Send a distinct `user` field with every request (`replay-<run>-<n>`): with
+        /// `[cache.dedup] scope = "user"`, caches are looked up but never hit.
+        #[arg(long)]
+        vary_user: bool,
         /// Seconds before one request is given up (an error without a status).
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
@@ -289,6 +293,7 @@ fn main() -> ExitCode {
             duration,
             headers,
             stream,
+            vary_user,
             timeout_secs,
             output,
             compare,
@@ -329,6 +334,7 @@ fn main() -> ExitCode {
                     StreamArg::On => ctxproxy::replay::StreamMode::On,
                     StreamArg::Off => ctxproxy::replay::StreamMode::Off,
                 },
+                vary_user,
                 timeout: Duration::from_secs(timeout_secs),
                 progress: true,
                 label: "run".to_owned(),

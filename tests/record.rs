@@ -337,6 +337,7 @@ async fn a_recording_replays_through_ctxproxy() {
         duration: None,
         headers: vec![("Authorization".into(), format!("Bearer {CLIENT_KEY}"))],
         stream: StreamMode::Recorded,
+        vary_user: false,
         timeout: Duration::from_secs(10),
         progress: false,
         label: "replayed".into(),

@@ -38,6 +38,7 @@ fn options(target: String, pacing: Pacing) -> Options {
         duration: None,
         headers: Vec::new(),
         stream: StreamMode::Recorded,
+        vary_user: false,
         timeout: Duration::from_secs(10),
         progress: false,
         label: "test".into(),

@@ -49,10 +49,13 @@ pub struct Options {
     pub pacing: Pacing,
     /// Stop after this many requests (the file is cycled) …
     pub requests: Option<u64>,
-    /// … or after this long, whichever comes first (one of the two is required).
+    /// … or after this long, whichever comes first (neither: every request once).
     pub duration: Option<Duration>,
     pub headers: Vec<(String, String)>,
     pub stream: StreamMode,
+    /// A distinct `user` on every request: with `[cache.dedup] scope = "user"` the caches are
+    /// consulted but never answer, so every request runs the whole pipeline and the model call.
+    pub vary_user: bool,
     /// Give up on one request after this long (counted as an error without a status).
     pub timeout: Duration,
     pub progress: bool,
@@ -72,10 +75,13 @@ pub fn chat_url(target: &str) -> String {
     }
 }
 
-/// A request body as this run sends it.
-fn prepared(body: &Value, stream: StreamMode) -> Vec<u8> {
+/// A request body as this run sends it, and whether it streams.
+fn prepared(body: &Value, stream: StreamMode, vary_user: bool) -> (bytes::Bytes, bool) {
     let mut body = body.clone();
     if let Some(object) = body.as_object_mut() {
+        if vary_user {
+            object.remove("user");
+        }
         match stream {
             StreamMode::Recorded => {}
             StreamMode::On => {
@@ -87,25 +93,40 @@ fn prepared(body: &Value, stream: StreamMode) -> Vec<u8> {
             }
         }
     }
-    serde_json::to_vec(&body).unwrap_or_default()
+    let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    (serde_json::to_vec(&body).unwrap_or_default().into(), streamed)
+}
+
+/// `body` with `"user": "replay-<run>-<index>"` as its first field (`body` is a serialized
+/// object without `user`).
+fn with_user(body: &[u8], run: &str, index: u64) -> bytes::Bytes {
+    let field = format!("\"user\":\"replay-{run}-{index}\",");
+    let mut out = Vec::with_capacity(body.len() + field.len());
+    out.extend_from_slice(b"{");
+    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(body.get(1..).unwrap_or_default());
+    out.into()
 }
 
 struct Shared {
     client: HttpClient,
     url: String,
     headers: Vec<(HeaderName, HeaderValue)>,
-    bodies: Vec<bytes::Bytes>,
+    /// Each body as sent, and whether it streams.
+    bodies: Vec<(bytes::Bytes, bool)>,
+    /// With `vary_user`: this run's id, so that runs never share a user.
+    vary_user: Option<String>,
     timeout: Duration,
     progress: ProgressBar,
 }
 
 /// Sends body `index` (cycled) and measures it from `start` (the intended send time).
 async fn send_one(shared: &Shared, index: u64, start: Instant) -> Sample {
-    let body = shared.bodies[(index % shared.bodies.len() as u64) as usize].clone();
-    let streamed = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("stream").and_then(Value::as_bool))
-        .unwrap_or(false);
+    let (body, streamed) = &shared.bodies[(index % shared.bodies.len() as u64) as usize];
+    let (body, streamed) = match &shared.vary_user {
+        Some(run) => (with_user(body, run, index), *streamed),
+        None => (body.clone(), *streamed),
+    };
     let mut builder = Request::builder()
         .method(Method::POST)
         .uri(shared.url.as_str())
@@ -196,8 +217,12 @@ pub async fn run(options: &Options, requests: &[Recorded]) -> Result<Report, Str
         headers,
         bodies: requests
             .iter()
-            .map(|r| bytes::Bytes::from(prepared(&r.body, options.stream)))
+            .map(|r| prepared(&r.body, options.stream, options.vary_user))
             .collect(),
+        vary_user: options.vary_user.then(|| {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            id[..8].to_owned()
+        }),
         timeout: options.timeout,
         progress: progress.clone(),
     });
@@ -277,13 +302,23 @@ mod tests {
         );
         let body = serde_json::json!({"model": "m", "messages": [], "stream": true,
             "stream_options": {"include_usage": true}});
-        let off: Value = serde_json::from_slice(&prepared(&body, StreamMode::Off)).unwrap();
+        let (off, streamed) = prepared(&body, StreamMode::Off, false);
+        let off: Value = serde_json::from_slice(&off).unwrap();
         assert!(off.get("stream").is_none() && off.get("stream_options").is_none());
-        let on: Value = serde_json::from_slice(&prepared(
-            &serde_json::json!({"messages": []}),
-            StreamMode::On,
-        ))
-        .unwrap();
+        assert!(!streamed);
+        let (on, streamed) = prepared(&serde_json::json!({"messages": []}), StreamMode::On, false);
+        let on: Value = serde_json::from_slice(&on).unwrap();
         assert_eq!(on["stream"], true);
+        assert!(streamed);
+    }
+
+    #[test]
+    fn every_request_can_carry_its_own_user() {
+        let body = serde_json::json!({"model": "m", "user": "u1", "messages": []});
+        let (prepared, _) = prepared(&body, StreamMode::Recorded, true);
+        let sent: Value = serde_json::from_slice(&with_user(&prepared, "r1", 7)).unwrap();
+        assert_eq!(sent["user"], "replay-r1-7");
+        assert_eq!(sent["model"], "m");
+        assert_eq!(sent.as_object().unwrap().len(), 3);
     }
 }
