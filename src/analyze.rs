@@ -193,8 +193,7 @@ pub fn analyze(
         let counter = tokenizers.for_model(&request.model, None);
         let started = Instant::now();
         // The store would hold the categories of the previous turn's tools.
-        let sticky =
-            pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
+        let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
         let rewrite = pipeline::run(
             &request,
             &pipeline::Env {

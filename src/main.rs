@@ -1,6 +1,5 @@
 //! The `ctxproxy` command line: parses arguments and calls the library.
 
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

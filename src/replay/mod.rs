@@ -94,7 +94,10 @@ fn prepared(body: &Value, stream: StreamMode, vary_user: bool) -> (bytes::Bytes,
         }
     }
     let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    (serde_json::to_vec(&body).unwrap_or_default().into(), streamed)
+    (
+        serde_json::to_vec(&body).unwrap_or_default().into(),
+        streamed,
+    )
 }
 
 /// `body` with `"user": "replay-<run>-<index>"` as its first field (`body` is a serialized
