@@ -21,6 +21,7 @@ fn rewrite(request: &ChatRequest, config: &PipelineConfig, caches: &(TokenCounte
             memo: &caches.1,
             budget: config.budget.max_tokens,
             sticky_categories: &[],
+            reinforcement: None,
         },
     );
     std::hint::black_box(rewrite);

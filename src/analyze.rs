@@ -202,6 +202,7 @@ pub fn analyze(
                 memo: &memo,
                 budget: config.pipeline.budget.max_tokens,
                 sticky_categories: &sticky,
+                reinforcement: None,
             },
         );
         micros.push(started.elapsed().as_secs_f64() * 1e6);
@@ -310,6 +311,7 @@ pub fn growth(config: &Config, tokenizers: &Tokenizers, lengths: &[usize]) -> Ve
                 memo: &memo,
                 budget: config.pipeline.budget.max_tokens,
                 sticky_categories: &[],
+                reinforcement: None,
             },
         );
         let pipeline_micros = started.elapsed().as_secs_f64() * 1e6;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheConfig;
+use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::ToolsConfig;
 use crate::record::RecordConfig;
@@ -63,6 +64,9 @@ pub struct RawConfig {
     /// USD per million tokens, by model name or glob: what savings are worth.
     pub prices: BTreeMap<String, ModelPrice>,
     pub record: RecordConfig,
+    pub continuation: ContinuationConfig,
+    pub reinforcement: ReinforcementConfig,
+    pub action_check: ActionCheckConfig,
 }
 
 /// A model's list price, in US dollars per million tokens.
@@ -162,6 +166,13 @@ pub struct RawRoute {
     /// `auto` (by model name), `o200k_base` or `cl100k_base`; default `[upstream]`'s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<String>,
+    /// The agent guards of this route, each replacing the global table whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<ContinuationConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reinforcement: Option<ReinforcementConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action_check: Option<ActionCheckConfig>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -265,6 +276,8 @@ pub struct UpstreamConfig {
     pub pool_max_idle_per_host: usize,
     /// `None`: chosen by model name.
     pub tokenizer: Option<Encoding>,
+    /// Continuation, reinforcement and the action check for requests to this upstream.
+    pub guards: Guards,
 }
 
 #[derive(Debug, Clone)]
@@ -411,6 +424,17 @@ impl RawConfig {
             )?);
             default_upstream = Some(0);
         }
+        let global_guards = Guards {
+            continuation: self.continuation.clone(),
+            reinforcement: self.reinforcement.clone(),
+            action_check: self.action_check.clone(),
+        };
+        global_guards
+            .validate("")
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        if let Some(first) = upstreams.first_mut() {
+            first.guards = global_guards.clone();
+        }
 
         let mut routes = Vec::new();
         let mut names = std::collections::HashSet::new();
@@ -451,6 +475,26 @@ impl RawConfig {
                 defaults,
                 read_env,
             )?);
+            let guards = Guards {
+                continuation: route
+                    .continuation
+                    .clone()
+                    .unwrap_or_else(|| global_guards.continuation.clone()),
+                reinforcement: route
+                    .reinforcement
+                    .clone()
+                    .unwrap_or_else(|| global_guards.reinforcement.clone()),
+                action_check: route
+                    .action_check
+                    .clone()
+                    .unwrap_or_else(|| global_guards.action_check.clone()),
+            };
+            guards
+                .validate(&format!("{key}."))
+                .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+            if let Some(upstream) = upstreams.last_mut() {
+                upstream.guards = guards;
+            }
             routes.push(Route {
                 patterns: route.models.clone(),
                 upstream: upstreams.len() - 1,
@@ -577,6 +621,7 @@ fn upstream_config(
         connect_retries: defaults.connect_retries,
         pool_idle_timeout: Duration::from_secs(defaults.pool_idle_timeout_secs),
         pool_max_idle_per_host: defaults.pool_max_idle_per_host,
+        guards: Guards::default(),
     })
 }
 

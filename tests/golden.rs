@@ -25,6 +25,7 @@ fn rewrite(name: &str) -> Value {
             memo: &Memo::default(),
             budget,
             sticky_categories: &[],
+            reinforcement: None,
         },
     );
     json!({"report": rewrite.report, "request": rewrite.request})

@@ -191,6 +191,7 @@ proptest! {
             memo: &memo,
             budget,
             sticky_categories: &[],
+            reinforcement: None,
         };
         let rewrite = pipeline::run(&request, &env);
         let output = &rewrite.request;

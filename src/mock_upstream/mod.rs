@@ -3,7 +3,10 @@
 //! Answers are deterministic functions of the request ([`reply`]). Request headers steer it:
 //! `X-Mock-Status: 503` fails with that status, `X-Mock-Tool-Call: auto|<name>` answers with a
 //! tool call, `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
-//! body and headers to a non-streaming answer. It stores nothing; `/mock/stats` exposes counters.
+//! body and headers to a non-streaming answer, `X-Mock-Reply: <text>` sets the text of the
+//! answer (continued where an assistant message of the request left it, repeating the last
+//! `X-Mock-Overlap` characters). `max_tokens` / `max_completion_tokens` cut a text answer at that
+//! many pieces with `finish_reason: "length"`. It stores nothing; `/mock/stats` exposes counters.
 
 mod embeddings;
 mod reply;
@@ -187,7 +190,14 @@ async fn chat_completions(
         Ok(request) => request,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_json"),
     };
-    let reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
+    let mut reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
+    if let Some(text) = header_str(&headers, "x-mock-reply") {
+        let overlap = header_str(&headers, "x-mock-overlap")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        reply = reply::scripted(reply, &request, text, overlap);
+    }
+    let reply = reply::limited(reply, &request);
     if request.is_stream() {
         return stream_reply(&state, reply, request.include_usage());
     }

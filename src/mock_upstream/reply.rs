@@ -16,6 +16,8 @@ pub struct Reply {
     pub pieces: Vec<String>,
     pub tool_calls: Vec<MockToolCall>,
     pub prompt_tokens: u64,
+    /// Cut at the request's `max_tokens` (`finish_reason: "length"`).
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -31,10 +33,12 @@ impl Reply {
     }
 
     pub fn finish_reason(&self) -> &'static str {
-        if self.tool_calls.is_empty() {
-            "stop"
-        } else {
+        if !self.tool_calls.is_empty() {
             "tool_calls"
+        } else if self.truncated {
+            "length"
+        } else {
+            "stop"
         }
     }
 
@@ -78,7 +82,7 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
         .into_owned();
     let wants_tool = match tool_call {
         Some(name) => Some(name.to_owned()),
-        None if last.is_some_and(|m| m.role == Role::User)
+        None if last.is_some_and(|m| matches!(m.role, Role::User | Role::System))
             && last_text.contains("[mock:tool_call]") =>
         {
             Some("auto".to_owned())
@@ -111,6 +115,7 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
                 created,
                 model: request.model.clone(),
                 prompt_tokens,
+                truncated: false,
             };
         }
     }
@@ -133,7 +138,58 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
         created,
         model: request.model.clone(),
         prompt_tokens,
+        truncated: false,
     }
+}
+
+/// A text answer replaced by `text` (`X-Mock-Reply`). When the request continues a cut answer
+/// (an assistant message that starts `text`, then a user or system message), the answer is the
+/// rest of `text`, repeating the last `overlap` characters said (`X-Mock-Overlap`).
+pub fn scripted(mut reply: Reply, request: &ChatRequest, text: &str, overlap: usize) -> Reply {
+    if !reply.tool_calls.is_empty() {
+        return reply;
+    }
+    let said = match request.messages.as_slice() {
+        [.., assistant, next]
+            if assistant.role == Role::Assistant
+                && matches!(next.role, Role::User | Role::System) =>
+        {
+            assistant.content.get().map(|c| c.text().into_owned())
+        }
+        _ => None,
+    };
+    let rest = match said.filter(|s| !s.is_empty() && text.starts_with(s.as_str())) {
+        Some(said) => {
+            let start = said
+                .char_indices()
+                .rev()
+                .nth(overlap.saturating_sub(1))
+                .map_or(0, |(i, _)| i);
+            let repeated = if overlap == 0 { "" } else { &said[start..] };
+            format!("{repeated}{}", &text[said.len()..])
+        }
+        None => text.to_owned(),
+    };
+    reply.pieces = split_pieces(&rest)
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect();
+    reply
+}
+
+/// The reply cut to the request's `max_completion_tokens` / `max_tokens` (one piece, one token).
+pub fn limited(mut reply: Reply, request: &ChatRequest) -> Reply {
+    let limit = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|key| request.extra.get(*key).and_then(Value::as_u64));
+    if let Some(limit) = limit
+        && reply.tool_calls.is_empty()
+        && reply.pieces.len() as u64 > limit
+    {
+        reply.pieces.truncate(limit as usize);
+        reply.truncated = true;
+    }
+    reply
 }
 
 /// Arguments that satisfy a JSON schema's required properties with placeholder values.
@@ -217,5 +273,36 @@ mod tests {
         assert_eq!(reply.tool_calls[0].name, "get_weather");
         assert_eq!(reply.tool_calls[0].arguments, r#"{"city":"mock","days":1}"#);
         assert_eq!(reply.finish_reason(), "tool_calls");
+    }
+
+    #[test]
+    fn scripted_answers_are_cut_at_max_tokens_and_continued() {
+        let text = "one two three four five six seven";
+        let (req, body) = request(json!({"model":"m","max_tokens":3,
+            "messages":[{"role":"user","content":"count"}]}));
+        let first = limited(scripted(reply_for(&req, &body, None), &req, text, 0), &req);
+        assert_eq!(
+            (first.content().as_str(), first.finish_reason()),
+            ("one two three", "length")
+        );
+        let (req, body) = request(json!({"model":"m","max_tokens":3, "messages":[
+            {"role":"user","content":"count"},
+            {"role":"assistant","content":"one two three"},
+            {"role":"user","content":"continue"}]}));
+        let next = limited(scripted(reply_for(&req, &body, None), &req, text, 5), &req);
+        // The last 5 characters said are repeated, then the rest, cut again.
+        assert_eq!(
+            (next.content().as_str(), next.finish_reason()),
+            ("three four five", "length")
+        );
+        let (req, body) = request(json!({"model":"m", "messages":[
+            {"role":"user","content":"count"},
+            {"role":"assistant","content":"one two three four five"},
+            {"role":"user","content":"continue"}]}));
+        let last = scripted(reply_for(&req, &body, None), &req, text, 0);
+        assert_eq!(
+            (last.content().as_str(), last.finish_reason()),
+            (" six seven", "stop")
+        );
     }
 }

@@ -9,6 +9,7 @@ mod budget;
 mod compact;
 pub mod config;
 mod memo;
+mod reinforcement;
 mod system;
 pub(crate) mod text;
 pub mod tools;
@@ -22,6 +23,7 @@ use serde_json::Value;
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 
+use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Message, Nullable, Tool};
 use crate::tokens::TokenCounter;
 
@@ -64,6 +66,14 @@ impl PipelineReport {
                 savings.push((stage.stage, net));
             }
         }
+        // Tokens added after the last saving stage (the reinforcement reminder) are charged to
+        // the savers before it, latest first.
+        for (_, saved) in savings.iter_mut().rev() {
+            let charged = debt.min(*saved);
+            *saved -= charged;
+            debt -= charged;
+        }
+        savings.retain(|(_, saved)| *saved > 0);
         savings
     }
 }
@@ -127,6 +137,9 @@ pub struct Env<'a> {
     pub memo: &'a Memo,
     pub budget: usize,
     pub sticky_categories: &'a [String],
+    /// The route's `[reinforcement]`: a reminder ending the system message of long
+    /// conversations.
+    pub reinforcement: Option<&'a ReinforcementConfig>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description
@@ -173,7 +186,13 @@ fn stages() -> [&'static dyn Stage; 4] {
 
 /// Runs every enabled stage, then holds the result to `env.budget` tokens.
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    let (config, counter, budget) = (env.config, env.counter, env.budget);
+    let (config, counter) = (env.config, env.counter);
+    let reminder = env
+        .reinforcement
+        .and_then(|r| reinforcement::reminder(request, r));
+    // The reminder is added last, so the stages make room for it.
+    let reserve = reminder.map_or(0, |text| counter.text(text) + 2);
+    let budget = env.budget.saturating_sub(reserve);
     let params = Params::from_config(config);
     let (rewritten, mut stages) = run_stages(request, env, &params);
     let tokens_before = stages
@@ -201,6 +220,21 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             stage.tokens_after = stage.tokens_before;
         }
     }
+    if let Some(text) = reminder {
+        let mut reminded = best.into_owned();
+        system::append_reminder(&mut reminded, text);
+        let tokens = counter.request(&reminded);
+        stages.push(StageReport {
+            stage: "reinforcement",
+            tokens_before: tokens_after,
+            tokens_after: tokens,
+            applied: true,
+            details: serde_json::json!({"messages": reinforcement::conversation_length(request)}),
+        });
+        tokens_after = tokens;
+        best = Cow::Owned(reminded);
+    }
+    let budget = env.budget;
     let fits = tokens_after <= budget;
     Rewrite {
         request: best.into_owned(),

@@ -91,6 +91,17 @@ impl Stage for SystemStage {
     }
 }
 
+/// Adds `text` as the last section of the system message (inserting one when the request has
+/// none): the end is the only place where it keeps the prefix stable.
+pub fn append_reminder(request: &mut ChatRequest, text: &str) {
+    match request.messages.first_mut() {
+        Some(first) if is_instruction(first) => append_text(first, text),
+        _ => request
+            .messages
+            .insert(0, Message::text(Role::System, text)),
+    }
+}
+
 /// Appends a section after a message's own text (prefix stability: the client's text stays
 /// first and unchanged).
 pub(super) fn append_text(message: &mut Message, section: &str) {

@@ -430,6 +430,7 @@ mod tests {
                 memo: &Memo::default(),
                 budget: 1_000_000,
                 sticky_categories: &sticky,
+                reinforcement: None,
             },
         );
         let names = rewrite

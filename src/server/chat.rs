@@ -415,6 +415,7 @@ fn rewrite(
             memo: &state.memo,
             budget,
             sticky_categories,
+            reinforcement: Some(&upstream.config.guards.reinforcement),
         },
     );
     state
