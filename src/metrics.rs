@@ -103,6 +103,10 @@ pub struct Metrics {
     pub records_written: IntCounter,
     /// `reason` ∈ queue_full, write_error, writer_stopped.
     pub record_dropped: IntCounterVec,
+    /// `outcome` ∈ completed, max_attempts, budget, error.
+    pub continuations: IntCounterVec,
+    /// `repair` ∈ off, repaired, failed.
+    pub action_claims: IntCounterVec,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -289,6 +293,20 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let continuations = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_continuations_total",
+                "Answers cut at the length limit that ctxproxy continued, by outcome: completed (the last part ended by itself), max_attempts, budget (the next request would exceed the token budget), error (a continuation call failed; the cut answer was returned).",
+            ),
+            &["outcome"],
+        )?;
+        let action_claims = IntCounterVec::new(
+            Opts::new(
+                "ctxproxy_action_claims_without_tool_call_total",
+                "Answers to requests with tools that claim an action without calling any tool, by repair: off (retry not configured, or a stream), repaired (the retry called a tool and was returned), failed.",
+            ),
+            &["repair"],
+        )?;
         let store_up = IntGauge::new(
             "ctxproxy_store_up",
             "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
@@ -318,7 +336,11 @@ impl Metrics {
         registry.register(Box::new(compactions.clone()))?;
         registry.register(Box::new(records_written.clone()))?;
         registry.register(Box::new(record_dropped.clone()))?;
+        registry.register(Box::new(continuations.clone()))?;
+        registry.register(Box::new(action_claims.clone()))?;
         Ok(Metrics {
+            continuations,
+            action_claims,
             records_written,
             record_dropped,
             chat_requests,
@@ -377,6 +399,12 @@ impl Metrics {
         }
         for reason in ["queue_full", "write_error", "writer_stopped"] {
             self.record_dropped.with_label_values(&[reason]);
+        }
+        for outcome in ["completed", "max_attempts", "budget", "error"] {
+            self.continuations.with_label_values(&[outcome]);
+        }
+        for repair in ["off", "repaired", "failed"] {
+            self.action_claims.with_label_values(&[repair]);
         }
     }
 

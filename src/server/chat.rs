@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
+use super::guarded::{self, Flags, GuardCall};
 use super::meter::{self, ResponseMeter};
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
@@ -227,6 +228,21 @@ async fn serve(
         None => "/chat/completions".to_owned(),
     };
     let uri = upstream.uri(&suffix)?;
+    // The agent guards ask again with what was sent (optimize mode only).
+    let guard = (mode == Mode::Optimize)
+        .then(|| GuardCall {
+            state: state.clone(),
+            model: chat.model.clone(),
+            uri: uri.clone(),
+            headers: headers.clone(),
+            sent: body.clone(),
+            budget: state.config.pipeline.budget.enabled.then(|| {
+                budget_of(&parts.headers, state.config.pipeline.budget.max_tokens)
+                    .unwrap_or(state.config.pipeline.budget.max_tokens)
+            }),
+            tools_offered: chat.tools.get().is_some_and(|t| !t.is_empty()),
+        })
+        .filter(GuardCall::active);
     let sent = Instant::now();
     let answer = upstream
         .send(
@@ -237,6 +253,10 @@ async fn serve(
             &state.metrics,
         )
         .await?;
+    let (answer, guard_flags) = match guard {
+        Some(guard) => guarded::guard(guard, answer).await?,
+        None => (answer, Flags::default()),
+    };
     let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
     // Recorded from the upstream's bytes, before the usage event is left out for the client.
     if let Some(mut exchange) = record.take() {
@@ -280,6 +300,7 @@ async fn serve(
         (!observers.is_empty()).then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>);
     let drop_usage_event = strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool);
     let mut response = upstream.relay(answer, &state.metrics, observer, drop_usage_event);
+    guard_flags.apply(response.headers_mut());
     response
         .headers_mut()
         .insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache_label));

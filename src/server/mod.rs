@@ -6,6 +6,7 @@
 
 mod cached;
 mod chat;
+mod guarded;
 mod meter;
 mod middleware;
 mod ops;

@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -55,9 +54,10 @@ pub enum OutgoingBody {
     Streaming(Body),
 }
 
-/// The upstream's answer, with the instant the request started (for the total deadline).
+/// The upstream's answer, with the instant the request started (for the total deadline). The
+/// body is boxed so that a guard can replace it (a continued or repaired answer).
 pub struct UpstreamResponse {
-    pub response: Response<Incoming>,
+    pub response: Response<Body>,
     pub started: Instant,
     pub deadline: Instant,
 }
@@ -141,7 +141,7 @@ impl Upstream {
             match result {
                 Ok(Ok(response)) => {
                     return Ok(UpstreamResponse {
-                        response,
+                        response: response.map(Body::new),
                         started,
                         deadline,
                     });
