@@ -788,6 +788,35 @@ mod tests {
     }
 
     #[test]
+    fn guards_are_global_and_a_route_replaces_them_whole() {
+        let text = "[continuation]\nenabled = true\nmax_attempts = 2\n\
+            [[routes]]\nname = \"local\"\nmodels = [\"llama-*\"]\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+            [routes.continuation]\nmax_attempts = 5\n\
+            [routes.action_check]\nenabled = true\n";
+        let config = Config::from_toml(text, no_env()).unwrap();
+        let (global, route) = (&config.upstreams[0].guards, &config.upstreams[1].guards);
+        assert!(global.continuation.enabled && global.continuation.max_attempts == 2);
+        assert!(!global.action_check.enabled);
+        // The route's table replaces the global one: its `enabled` is the default (off).
+        assert!(!route.continuation.enabled && route.continuation.max_attempts == 5);
+        assert!(route.action_check.enabled && !route.reinforcement.enabled);
+        let invalid = |text: &str| match Config::from_toml(text, no_env()) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        };
+        assert_eq!(
+            invalid("[continuation]\nenabled = true\nmax_attempts = 0\n"),
+            "continuation.max_attempts"
+        );
+        assert_eq!(
+            invalid(
+                "[[routes]]\nmodels = [\"x\"]\nbase_url = \"http://h/v1\"\n[routes.reinforcement]\nenabled = true\ntext = \" \"\n"
+            ),
+            "routes[0].reinforcement.text"
+        );
+    }
+
+    #[test]
     fn typos_in_levels_and_inverted_thresholds_are_refused() {
         let key_of = |text: &str| match Config::from_toml(text, no_env()) {
             Err(ConfigError::Invalid { key, .. }) => key,

@@ -20,7 +20,7 @@ async fn official_python_sdk_chat_stream_tools_embeddings() {
         "CTXPROXY_TEST_PYTHON must name a python with the `openai` package (run scripts/test.sh)",
     );
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, "").await;
+    let proxy = proxy_for(&mock, "[continuation]\nenabled = true\n").await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/openai_sdk_check.py"

@@ -7,6 +7,9 @@ use serde_json::{Map, Value, json};
 const MAX_OVERLAP: usize = 2_000;
 /// A shorter repeat is taken for a coincidence, unless it is all of what was said.
 const MIN_OVERLAP: usize = 4;
+/// A repeat at least this long may start inside a word (a model repeats tokens, not words);
+/// a shorter one must start at a word.
+const MID_WORD_OVERLAP: usize = 8;
 
 /// The request for the next part: the request sent, then the answer so far as an assistant
 /// message and `instruction` as a user message.
@@ -52,7 +55,9 @@ pub fn overlap(said: &str, next: &str) -> usize {
                     .next_back()
                     .is_some_and(|c| !c.is_alphanumeric())
                 || !next[..k].starts_with(char::is_alphanumeric);
-            said.ends_with(&next[..k]) && (k >= MIN_OVERLAP || k == said.len()) && at_word_start
+            said.ends_with(&next[..k])
+                && (k >= MIN_OVERLAP || k == said.len())
+                && (at_word_start || k >= MID_WORD_OVERLAP)
         })
         .unwrap_or(0)
 }
@@ -126,6 +131,12 @@ mod tests {
         assert_eq!(merge("It is a", "a test"), "It is aa test");
         assert_eq!(merge("see the", "theory"), "see thetheory");
         assert_eq!(merge("", "all new"), "all new");
+        // A long repeat may start inside a word.
+        assert_eq!(
+            merge("and watched the", "tched the ships"),
+            "and watched the ships"
+        );
+        assert_eq!(merge("a rest", "est of it"), "a restest of it");
         assert_eq!(merge("ünïcödé ", "ünïcödé rest"), "ünïcödé rest");
     }
 

@@ -132,5 +132,19 @@ assert (replayed_call.id, replayed_call.function.name, replayed_call.function.ar
     original_call.id, original_call.function.name, original_call.function.arguments), replayed
 assert replayed.choices[0].finish_reason == original.choices[0].finish_reason
 
+# 8. An answer cut at max_tokens is continued by ctxproxy ([continuation] is on for this
+#    proxy): the SDK parses one merged stream, and one merged JSON answer.
+full = ("The lighthouse keeper climbed the stairs, lit the lamp and watched the ships "
+        "pass until dawn.")
+cut = dict(model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "A short story"}],
+           extra_headers={"X-Mock-Reply": full, "X-Mock-Overlap": "6"})
+with client.chat.completions.stream(**cut) as events:
+    merged = events.get_final_completion()
+assert merged.choices[0].message.content == full, merged
+assert merged.choices[0].finish_reason == "stop", merged
+plain = client.chat.completions.create(**cut)
+assert plain.choices[0].message.content == full, plain
+assert plain.usage.prompt_tokens > 0 and plain.choices[0].finish_reason == "stop"
+
 print("openai SDK checks passed")
 sys.exit(0)
