@@ -9,7 +9,7 @@ const MAX_OVERLAP: usize = 2_000;
 const MIN_OVERLAP: usize = 4;
 /// A repeat at least this long may start inside a word (a model repeats tokens, not words);
 /// a shorter one must start at a word.
-const MID_WORD_OVERLAP: usize = 8;
+const MID_WORD_OVERLAP: usize = 6;
 
 /// The request for the next part: the request sent, then the answer so far as an assistant
 /// message and `instruction` as a user message.
@@ -46,7 +46,8 @@ pub fn overlap(said: &str, next: &str) -> usize {
     let longest = next.len().min(said.len()).min(MAX_OVERLAP);
     (1..=longest)
         .rev()
-        .filter(|&k| next.is_char_boundary(k))
+        .filter(|&k| next.is_char_boundary(k) && said.is_char_boundary(said.len() - k))
+        .filter(|&k| said.ends_with(&next[..k]))
         .find(|&k| {
             let start = said.len() - k;
             let at_word_start = start == 0
@@ -55,9 +56,7 @@ pub fn overlap(said: &str, next: &str) -> usize {
                     .next_back()
                     .is_some_and(|c| !c.is_alphanumeric())
                 || !next[..k].starts_with(char::is_alphanumeric);
-            said.ends_with(&next[..k])
-                && (k >= MIN_OVERLAP || k == said.len())
-                && (at_word_start || k >= MID_WORD_OVERLAP)
+            (k >= MIN_OVERLAP || k == said.len()) && (at_word_start || k >= MID_WORD_OVERLAP)
         })
         .unwrap_or(0)
 }
@@ -137,6 +136,11 @@ mod tests {
             "and watched the ships"
         );
         assert_eq!(merge("a rest", "est of it"), "a restest of it");
+        assert_eq!(merge("the stairs,", "tairs, lit"), "the stairs, lit");
+        // Never cut inside a character.
+        assert_eq!(merge("café", "x"), "caféx");
+        assert_eq!(merge("está bien así", "así que sí"), "está bien así que sí");
+        assert_eq!(merge("日本語の文", "の文章"), "日本語の文章");
         assert_eq!(merge("ünïcödé ", "ünïcödé rest"), "ünïcödé rest");
     }
 

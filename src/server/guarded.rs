@@ -149,6 +149,15 @@ pub async fn guard(
     if is_event_stream(answer.response.headers()) {
         return Ok((guard_stream(call, answer), Flags::default()));
     }
+    let too_large = answer
+        .response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|len| len > MAX_JSON_BYTES);
+    if too_large {
+        return Ok((answer, Flags::default()));
+    }
     guard_json(&call, answer).await
 }
 
@@ -173,7 +182,7 @@ fn has_tool_calls(message: &Value) -> bool {
 /// The text of a single-choice answer without tool calls, and its finish reason.
 fn text_answer(completion: &Value) -> Option<(&str, &str)> {
     let choice = only_choice(completion)?;
-    let message = choice.get("message")?;
+    let message = choice.get("message").filter(|m| m.is_object())?;
     if has_tool_calls(message) {
         return None;
     }
@@ -209,10 +218,14 @@ async fn guard_json(
             reason: format!("cannot read the answer: {e}"),
         })?
         .to_bytes();
+    // The answer is in memory: the relay's deadline restarts (continuations took their time).
+    let total = call
+        .guards()
+        .map_or(deadline - started, |(u, _)| u.config.total_timeout);
     let rebuilt = |parts: axum::http::response::Parts, bytes: Bytes| UpstreamResponse {
         response: Response::from_parts(parts, Body::from(bytes)),
         started,
-        deadline,
+        deadline: tokio::time::Instant::now() + total,
     };
     let (Some((_, guards)), Ok(mut completion)) =
         (call.guards(), serde_json::from_slice::<Value>(&bytes))
@@ -323,13 +336,22 @@ fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> UpstreamResponse {
     } = answer;
     let (mut parts, body) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
-    let (events, receiver) = mpsc::channel::<Bytes>(16);
+    // Each continuation part has the whole total timeout of its own.
+    let parts_allowed = call.guards().map_or(1, |(_, g)| {
+        if g.continuation.enabled {
+            1 + g.continuation.max_attempts
+        } else {
+            1
+        }
+    });
+    let deadline = started + (deadline - started) * parts_allowed;
+    let (events, receiver) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
         StreamGuard::new(call, events).run(body).await;
     });
     let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
         let event = receiver.recv().await?;
-        Some((Ok::<_, std::convert::Infallible>(event), receiver))
+        Some((event, receiver))
     });
     UpstreamResponse {
         response: Response::from_parts(parts, Body::from_stream(stream)),
@@ -345,7 +367,7 @@ fn event(payload: &Value) -> Bytes {
 /// Relays the events of one or more streamed parts as one answer.
 struct StreamGuard {
     call: GuardCall,
-    events: mpsc::Sender<Bytes>,
+    events: mpsc::Sender<Result<Bytes, std::io::Error>>,
     /// The text said so far, over every part.
     said: String,
     /// `id`, `created`, `model`… of the first chunk: every chunk the client sees carries them.
@@ -362,12 +384,14 @@ struct StreamGuard {
 enum PartEnd {
     /// Cut at the length limit: the finish chunk, held back.
     Cut(Value),
-    Ended,
-    ClientGone,
+    /// Ended; `finished`: with a finish reason.
+    Ended { finished: bool },
+    /// The client is gone, or the upstream body failed (the client was told): stop.
+    Stop,
 }
 
 impl StreamGuard {
-    fn new(call: GuardCall, events: mpsc::Sender<Bytes>) -> Self {
+    fn new(call: GuardCall, events: mpsc::Sender<Result<Bytes, std::io::Error>>) -> Self {
         StreamGuard {
             call,
             events,
@@ -389,11 +413,23 @@ impl StreamGuard {
         let check = guards.action_check.clone();
         let mut body = first;
         let mut part = 0;
+        // The finish chunk of the last cut part, sent if what follows does not finish.
+        let mut last_cut: Option<Value> = None;
         let outcome = loop {
             let end = self.relay_part(body, part, continuation.enabled).await;
             let held = match end {
-                PartEnd::ClientGone => return,
-                PartEnd::Ended => break (part > 0).then_some("completed"),
+                PartEnd::Stop => return,
+                PartEnd::Ended { finished: true } => break (part > 0).then_some("completed"),
+                PartEnd::Ended { finished: false } => match last_cut.take() {
+                    // A continuation that ended without a finish: the cut answer stands.
+                    Some(held) => {
+                        if !self.forward(event(&held)).await {
+                            return;
+                        }
+                        break Some("error");
+                    }
+                    None => break None,
+                },
                 PartEnd::Cut(held) => held,
             };
             let next = if part >= continuation.max_attempts {
@@ -414,6 +450,7 @@ impl StreamGuard {
                 Ok(next) => {
                     body = next;
                     part += 1;
+                    last_cut = Some(held);
                 }
                 Err(outcome) => {
                     // The cut answer ends as the upstream ended it.
@@ -456,7 +493,7 @@ impl StreamGuard {
     }
 
     async fn forward(&self, bytes: Bytes) -> bool {
-        self.events.send(bytes).await.is_ok()
+        self.events.send(Ok(bytes)).await.is_ok()
     }
 
     /// Relays one part. Later parts are re-stamped with the first part's head, lose their role
@@ -469,9 +506,14 @@ impl StreamGuard {
         let mut start_chunk: Option<Value> = None;
         let mut decided = part == 0;
         let mut held = None;
+        let mut part_finished = false;
         self.done = false;
         loop {
-            let (events, finished): (Vec<Bytes>, bool) = match body.frame().await {
+            let frame = tokio::select! {
+                frame = body.frame() => frame,
+                () = self.events.closed() => return PartEnd::Stop,
+            };
+            let (events, finished): (Vec<Bytes>, bool) = match frame {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         splitter.push(&data);
@@ -482,8 +524,12 @@ impl StreamGuard {
                     }
                     Err(_) => continue,
                 },
-                // A failed body ends the answer where it stopped.
-                Some(Err(_)) | None => (splitter.finish().into_iter().collect(), true),
+                // The upstream failed mid-answer: the client's stream fails too.
+                Some(Err(e)) => {
+                    let _ = self.events.send(Err(std::io::Error::other(e))).await;
+                    return PartEnd::Stop;
+                }
+                None => (splitter.finish().into_iter().collect(), true),
             };
             for raw in events {
                 let chunk = match event_data(&raw).as_deref() {
@@ -497,9 +543,9 @@ impl StreamGuard {
                     None => None,
                 };
                 // Comments, errors and shapes it does not know go out untouched.
-                let Some(mut chunk) = chunk else {
+                let Some(mut chunk) = chunk.filter(|c| c.get("choices").is_some()) else {
                     if !self.forward(raw).await {
-                        return PartEnd::ClientGone;
+                        return PartEnd::Stop;
                     }
                     continue;
                 };
@@ -542,10 +588,14 @@ impl StreamGuard {
                 if part > 0 {
                     self.restamp(&mut chunk);
                 }
-                if !decided {
-                    if text.is_empty() && finish.is_none() {
-                        continue; // the role chunk
+                if !decided && text.is_empty() && finish.is_none() {
+                    // The role chunk goes; anything else (a tool call delta…) is relayed.
+                    if has_delta(&chunk) && !self.forward(event(&chunk)).await {
+                        return PartEnd::Stop;
                     }
+                    continue;
+                }
+                if !decided {
                     start.push_str(&text);
                     start_chunk.get_or_insert_with(|| chunk.clone());
                     if finish.is_none() && may_overlap(&said_before, &start) {
@@ -556,21 +606,22 @@ impl StreamGuard {
                         .release_start(&said_before, &start, start_chunk.take())
                         .await
                     {
-                        return PartEnd::ClientGone;
+                        return PartEnd::Stop;
                     }
                     set_delta(&mut chunk, json!({}));
                 } else {
                     self.said.push_str(&text);
                 }
                 if let Some(finish) = &finish {
+                    part_finished = true;
                     self.finish = Some(finish.clone());
                     if finish == "length" && continuing && !self.tool_calls && !self.several_choices
                     {
                         // Held back; what it carries besides the reason goes now.
                         let mut rest = chunk.clone();
                         set_finish(&mut rest, Value::Null);
-                        if has_delta(&rest) && !self.forward_chunk(part, &raw, &rest).await {
-                            return PartEnd::ClientGone;
+                        if has_delta(&rest) && !self.forward(event(&rest)).await {
+                            return PartEnd::Stop;
                         }
                         set_delta(&mut chunk, json!({}));
                         held = Some(chunk);
@@ -581,7 +632,7 @@ impl StreamGuard {
                     continue;
                 }
                 if !self.forward_chunk(part, &raw, &chunk).await {
-                    return PartEnd::ClientGone;
+                    return PartEnd::Stop;
                 }
             }
             if finished {
@@ -594,11 +645,13 @@ impl StreamGuard {
                 .release_start(&said_before, &start, start_chunk.take())
                 .await
         {
-            return PartEnd::ClientGone;
+            return PartEnd::Stop;
         }
         match held {
             Some(held) => PartEnd::Cut(held),
-            None => PartEnd::Ended,
+            None => PartEnd::Ended {
+                finished: part_finished,
+            },
         }
     }
 
