@@ -102,6 +102,46 @@ async fn a_cut_answer_is_continued_and_merged_without_a_seam() {
 }
 
 #[tokio::test]
+async fn a_failed_continuation_returns_the_cut_answer_as_it_was() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "[continuation]\nenabled = true\n").await;
+    let headers = [("X-Mock-Reply", STORY), ("X-Mock-Follow-Up-Status", "503")];
+    let first_part: Vec<&str> = STORY.split(' ').take(4).collect();
+    let answer: Value = post(&proxy, &story_request(4, false), &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        first_part.join(" ")
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    let mut streamed = story_request(4, true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = post(&proxy, &streamed, &headers)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let (content, finishes, _, usage) = read_stream(&text);
+    assert_eq!(content, first_part.join(" "));
+    assert_eq!(finishes, ["length"]);
+    assert_eq!(usage.unwrap()["completion_tokens"], 4);
+    assert_eq!(
+        chat_count(&mock),
+        4,
+        "two answers, one failed continuation each"
+    );
+    assert_eq!(
+        proxy
+            .metric("ctxproxy_continuations_total", &[("outcome", "error")])
+            .await,
+        2.0
+    );
+}
+
+#[tokio::test]
 async fn attempts_are_bounded_and_tool_calls_never_continued() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "[continuation]\nenabled = true\nmax_attempts = 2\n").await;
@@ -306,6 +346,23 @@ async fn a_claim_without_a_tool_call_is_flagged_and_repaired_on_demand() {
             .metric(
                 "ctxproxy_action_claims_without_tool_call_total",
                 &[("repair", "repaired")]
+            )
+            .await,
+        1.0
+    );
+    // A retry that fails leaves the first answer, flagged.
+    let failing = [claim[0], ("X-Mock-Follow-Up-Status", "500")];
+    let answer = post(&repairing, &ticket_request(false), &failing).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers()["x-ctxproxy-warning"],
+        "action-claimed-without-tool-call"
+    );
+    assert_eq!(
+        repairing
+            .metric(
+                "ctxproxy_action_claims_without_tool_call_total",
+                &[("repair", "failed")]
             )
             .await,
         1.0

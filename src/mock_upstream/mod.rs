@@ -6,7 +6,9 @@
 //! body and headers to a non-streaming answer, `X-Mock-Reply: <text>` sets the text of the
 //! answer (continued where an assistant message of the request left it, repeating the last
 //! `X-Mock-Overlap` characters). `max_tokens` / `max_completion_tokens` cut a text answer at that
-//! many pieces with `finish_reason: "length"`. It stores nothing; `/mock/stats` exposes counters.
+//! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
+//! requests (those ending with an assistant message and then a user or system message, as a
+//! continuation or a retry does). It stores nothing; `/mock/stats` exposes counters.
 
 mod embeddings;
 mod reply;
@@ -190,6 +192,17 @@ async fn chat_completions(
         Ok(request) => request,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_json"),
     };
+    if let Some(status) = header_str(&headers, "x-mock-follow-up-status")
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        && is_follow_up(&request)
+    {
+        return error_response(
+            status,
+            "mock failure of a follow-up request",
+            "mock_follow_up",
+        );
+    }
     let mut reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
     if let Some(text) = header_str(&headers, "x-mock-reply") {
         let overlap = header_str(&headers, "x-mock-overlap")
@@ -211,6 +224,13 @@ async fn chat_completions(
         completion["mock_echo"] = json!({"body": received, "headers": echoed_headers});
     }
     axum::Json(completion).into_response()
+}
+
+/// A request that follows up an answer: an assistant message, then a user or system message.
+fn is_follow_up(request: &ChatRequest) -> bool {
+    use crate::openai::Role;
+    matches!(request.messages.as_slice(), [.., answer, next]
+        if answer.role == Role::Assistant && matches!(next.role, Role::User | Role::System))
 }
 
 fn completion_json(reply: &Reply) -> Value {
