@@ -378,8 +378,13 @@ fn main() -> ExitCode {
         Command::Report {
             command: ReportCommand::Diff { a, b },
         } => match (read_report(&a), read_report(&b)) {
-            (Ok(a), Ok(b)) => {
-                print!("{}", ctxproxy::replay::diff(&a, &b));
+            (Ok(mut left), Ok(mut right)) => {
+                // Two runs of one command share a label: name them by their files.
+                if left.label == right.label {
+                    left.label = a.display().to_string();
+                    right.label = b.display().to_string();
+                }
+                print!("{}", ctxproxy::replay::diff(&left, &right));
                 ExitCode::SUCCESS
             }
             (Err(e), _) | (_, Err(e)) => {

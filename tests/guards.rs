@@ -350,6 +350,16 @@ async fn a_claim_without_a_tool_call_is_flagged_and_repaired_on_demand() {
             .await,
         1.0
     );
+    // The filter sent no tool for an unrelated message; the retry offers the client's tools.
+    let mut unrelated = ticket_request(false);
+    unrelated["messages"][0]["content"] = json!("Good morning, how are you today?");
+    let answer = post(&repairing, &unrelated, &claim).await;
+    let tokens = |name: &str| answer.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
+    assert!(tokens("x-ctxproxy-tokens-after") < tokens("x-ctxproxy-tokens-before"));
+    assert_eq!(
+        answer.headers()["x-ctxproxy-repaired"],
+        "action-claimed-without-tool-call"
+    );
     // A retry that fails leaves the first answer, flagged.
     let failing = [claim[0], ("X-Mock-Follow-Up-Status", "500")];
     let answer = post(&repairing, &ticket_request(false), &failing).await;

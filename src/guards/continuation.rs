@@ -23,11 +23,16 @@ pub fn continuation_body(sent: &[u8], said: &str, instruction: &str) -> Option<V
     )
 }
 
-/// The request for a retry after an action claimed without a tool call: the request sent, the
-/// claim, and `note` as a system message.
-pub fn retry_body(sent: &[u8], claim: &str, note: &str) -> Option<Vec<u8>> {
-    with_messages(
-        sent,
+/// The request for a retry after an action claimed without a tool call: the request sent with
+/// every tool the client offered (the filter may have left out the one needed), the claim, and
+/// `note` as a system message.
+pub fn retry_body(sent: &[u8], claim: &str, note: &str, tools: Option<&Value>) -> Option<Vec<u8>> {
+    let mut body: Value = serde_json::from_slice(sent).ok()?;
+    if let (Some(tools), Some(object)) = (tools, body.as_object_mut()) {
+        object.insert("tools".into(), tools.clone());
+    }
+    add_messages(
+        body,
         [
             json!({"role": "assistant", "content": claim}),
             json!({"role": "system", "content": note}),
@@ -36,7 +41,10 @@ pub fn retry_body(sent: &[u8], claim: &str, note: &str) -> Option<Vec<u8>> {
 }
 
 fn with_messages(sent: &[u8], added: [Value; 2]) -> Option<Vec<u8>> {
-    let mut body: Value = serde_json::from_slice(sent).ok()?;
+    add_messages(serde_json::from_slice(sent).ok()?, added)
+}
+
+fn add_messages(mut body: Value, added: [Value; 2]) -> Option<Vec<u8>> {
     body.get_mut("messages")?.as_array_mut()?.extend(added);
     serde_json::to_vec(&body).ok()
 }
@@ -166,9 +174,13 @@ mod tests {
         );
         assert_eq!(messages[2]["role"], "user");
         assert_eq!(body["max_tokens"], 5);
-        let retry: Value =
-            serde_json::from_slice(&retry_body(sent, "Done!", "Call the tool.").unwrap()).unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "create"}}]);
+        let retry: Value = serde_json::from_slice(
+            &retry_body(sent, "Done!", "Call the tool.", Some(&tools)).unwrap(),
+        )
+        .unwrap();
         assert_eq!(retry["messages"][2]["role"], "system");
+        assert_eq!(retry["tools"], tools);
         assert_eq!(
             sum_usage(
                 &json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,

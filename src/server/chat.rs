@@ -241,8 +241,17 @@ async fn serve(
                     .unwrap_or(state.config.pipeline.budget.max_tokens)
             }),
             tools_offered: chat.tools.get().is_some_and(|t| !t.is_empty()),
+            client_tools: None,
         })
-        .filter(GuardCall::active);
+        .filter(GuardCall::active)
+        .map(|mut guard| {
+            let retries = upstream.config.guards.action_check.enabled
+                && upstream.config.guards.action_check.retry;
+            if guard.tools_offered && retries {
+                guard.client_tools = chat.tools.get().and_then(|t| serde_json::to_value(t).ok());
+            }
+            guard
+        });
     let sent = Instant::now();
     let answer = upstream
         .send(

@@ -38,6 +38,8 @@ pub struct GuardCall {
     /// The request's token budget, when the budget applies to it.
     pub budget: Option<usize>,
     pub tools_offered: bool,
+    /// The client's tools, for a retry (filled once the guards are known to be active).
+    pub client_tools: Option<Value>,
 }
 
 /// What the guards did to a JSON answer, for the response headers.
@@ -249,7 +251,13 @@ async fn guard_json(
     {
         flags.claimed_without_tool_call = true;
         if check.retry {
-            let repaired = match retry_body(&call.sent, text, &check.retry_note) {
+            let body = retry_body(
+                &call.sent,
+                text,
+                &check.retry_note,
+                call.client_tools.as_ref(),
+            );
+            let repaired = match body {
                 Some(body) => call.send_json(body).await,
                 None => None,
             }
