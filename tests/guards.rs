@@ -354,7 +354,13 @@ async fn a_claim_without_a_tool_call_is_flagged_and_repaired_on_demand() {
     let mut unrelated = ticket_request(false);
     unrelated["messages"][0]["content"] = json!("Good morning, how are you today?");
     let answer = post(&repairing, &unrelated, &claim).await;
-    let tokens = |name: &str| answer.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
+    let tokens = |name: &str| {
+        answer.headers()[name]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
     assert!(tokens("x-ctxproxy-tokens-after") < tokens("x-ctxproxy-tokens-before"));
     assert_eq!(
         answer.headers()["x-ctxproxy-repaired"],

@@ -229,29 +229,25 @@ async fn serve(
     };
     let uri = upstream.uri(&suffix)?;
     // The agent guards ask again with what was sent (optimize mode only).
-    let guard = (mode == Mode::Optimize)
-        .then(|| GuardCall {
-            state: state.clone(),
-            model: chat.model.clone(),
-            uri: uri.clone(),
-            headers: headers.clone(),
-            sent: body.clone(),
-            budget: state.config.pipeline.budget.enabled.then(|| {
-                budget_of(&parts.headers, state.config.pipeline.budget.max_tokens)
-                    .unwrap_or(state.config.pipeline.budget.max_tokens)
-            }),
-            tools_offered: chat.tools.get().is_some_and(|t| !t.is_empty()),
-            client_tools: None,
-        })
-        .filter(GuardCall::active)
-        .map(|mut guard| {
-            let retries = upstream.config.guards.action_check.enabled
-                && upstream.config.guards.action_check.retry;
-            if guard.tools_offered && retries {
-                guard.client_tools = chat.tools.get().and_then(|t| serde_json::to_value(t).ok());
-            }
-            guard
-        });
+    let guards = &upstream.config.guards;
+    let tools_offered = chat.tools.get().is_some_and(|t| !t.is_empty());
+    let guarded = mode == Mode::Optimize
+        && (guards.continuation.enabled || (guards.action_check.enabled && tools_offered));
+    let guard = guarded.then(|| GuardCall {
+        state: state.clone(),
+        model: chat.model.clone(),
+        uri: uri.clone(),
+        headers: headers.clone(),
+        sent: body.clone(),
+        budget: state.config.pipeline.budget.enabled.then(|| {
+            budget_of(&parts.headers, state.config.pipeline.budget.max_tokens)
+                .unwrap_or(state.config.pipeline.budget.max_tokens)
+        }),
+        tools_offered,
+        client_tools: (tools_offered && guards.action_check.enabled && guards.action_check.retry)
+            .then(|| chat.tools.get().and_then(|t| serde_json::to_value(t).ok()))
+            .flatten(),
+    });
     let sent = Instant::now();
     let answer = upstream
         .send(

@@ -38,7 +38,7 @@ pub struct GuardCall {
     /// The request's token budget, when the budget applies to it.
     pub budget: Option<usize>,
     pub tools_offered: bool,
-    /// The client's tools, for a retry (filled once the guards are known to be active).
+    /// The client's tools, for a retry (only when retries are on).
     pub client_tools: Option<Value>,
 }
 
