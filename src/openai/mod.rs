@@ -21,3 +21,39 @@ pub use stream::{ChatCompletionChunk, ChunkChoice, Delta, FunctionCallDelta, Too
 
 /// Unknown fields, kept in the order the sender wrote them.
 pub type Extra = serde_json::Map<String, serde_json::Value>;
+
+/// A serialized JSON object with `field` (`"key":value`) added as its first member, without
+/// parsing it again; `None` when `body` is not an object. The caller knows `key` is absent.
+pub fn with_first_field(body: &[u8], field: &[u8]) -> Option<Vec<u8>> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let mut out = Vec::with_capacity(body.len() + field.len() + 1);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(field);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_first_field_is_inserted_into_any_object() {
+        let with = |body: &str| {
+            super::with_first_field(body.as_bytes(), br#""k":1"#)
+                .map(|b| String::from_utf8(b).unwrap())
+        };
+        assert_eq!(with(r#" {"a":2}"#).as_deref(), Some(r#" {"k":1,"a":2}"#));
+        assert_eq!(with("{ }").as_deref(), Some(r#"{"k":1 }"#));
+        assert_eq!(with("[1]"), None);
+        assert_eq!(with(""), None);
+    }
+}

@@ -103,12 +103,10 @@ fn prepared(body: &Value, stream: StreamMode, vary_user: bool) -> (bytes::Bytes,
 /// `body` with `"user": "replay-<run>-<index>"` as its first field (`body` is a serialized
 /// object without `user`).
 fn with_user(body: &[u8], run: &str, index: u64) -> bytes::Bytes {
-    let field = format!("\"user\":\"replay-{run}-{index}\",");
-    let mut out = Vec::with_capacity(body.len() + field.len());
-    out.extend_from_slice(b"{");
-    out.extend_from_slice(field.as_bytes());
-    out.extend_from_slice(body.get(1..).unwrap_or_default());
-    out.into()
+    let field = format!("\"user\":\"replay-{run}-{index}\"");
+    crate::openai::with_first_field(body, field.as_bytes())
+        .unwrap_or_else(|| body.to_vec())
+        .into()
 }
 
 struct Shared {

@@ -384,7 +384,6 @@ struct StreamGuard {
     /// More than one choice: relayed as is.
     several_choices: bool,
     usage: Option<Value>,
-    finish: Option<String>,
     done: bool,
 }
 
@@ -408,7 +407,6 @@ impl StreamGuard {
             tool_calls: false,
             several_choices: false,
             usage: None,
-            finish: None,
             done: false,
         }
     }
@@ -622,7 +620,6 @@ impl StreamGuard {
                 }
                 if let Some(finish) = &finish {
                     part_finished = true;
-                    self.finish = Some(finish.clone());
                     if finish == "length" && continuing && !self.tool_calls && !self.several_choices
                     {
                         // Held back; what it carries besides the reason goes now.

@@ -12,7 +12,7 @@ use super::SharedState;
 use crate::body::{BodyEnd, BodyObserver};
 use crate::metrics::ChatLabels;
 use crate::openai::sse::event_data;
-use crate::openai::{Nullable, Usage};
+use crate::openai::{Nullable, Usage, with_first_field};
 
 /// The largest non-streamed answer read for its usage.
 const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
@@ -138,24 +138,7 @@ pub fn with_stream_usage(body: &[u8]) -> Option<Vec<u8>> {
     // Usual case, no `stream_options` key anywhere: insert it after the opening brace, without
     // parsing the body again (it was parsed and validated already).
     if memmem::find(body, b"\"stream_options\"").is_none() {
-        let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-        if body[open] != b'{' {
-            return None;
-        }
-        let empty = body[open + 1..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|b| *b == b'}');
-        let field: &[u8] = if empty {
-            b"\"stream_options\":{\"include_usage\":true}"
-        } else {
-            b"\"stream_options\":{\"include_usage\":true},"
-        };
-        let mut out = Vec::with_capacity(body.len() + field.len());
-        out.extend_from_slice(&body[..=open]);
-        out.extend_from_slice(field);
-        out.extend_from_slice(&body[open + 1..]);
-        return Some(out);
+        return with_first_field(body, br#""stream_options":{"include_usage":true}"#);
     }
     let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let object = value.as_object_mut()?;
