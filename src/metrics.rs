@@ -81,7 +81,7 @@ pub struct Metrics {
     pub tokens_saved: IntCounterVec,
     pub tokens_saveable: IntCounterVec,
     pub pipeline_duration: Histogram,
-    /// `outcome` ∈ fit, rejected, forwarded.
+    /// `outcome` ∈ fit, rejected, over_floor.
     pub budget_outcomes: IntCounterVec,
     pub tools: IntCounterVec,
     pub tool_filter_decisions: IntCounterVec,
@@ -199,7 +199,7 @@ impl Metrics {
         let budget_outcomes = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_budget_outcomes_total",
-                "Token budget outcomes: fit (within budget), rejected (400), forwarded (over budget, sent anyway).",
+                "Token budget outcomes: fit (within budget), over_floor (the floor of system, tools, working set and ledger alone is over the budget: sent, flagged with X-Ctxproxy-Over-Budget), rejected (400, with on_exceed = \"reject\").",
             ),
             &["outcome", "model", "tenant"],
         )?;

@@ -1,14 +1,19 @@
 //! `budget`: holds a request to its token budget (default 4,000; seed 002 §2.1, §4.1 step 5).
 //! When the other stages leave it too large, they run again with tighter settings, one step at
-//! a time, in this order, until it fits: fewer summary segments, a smaller window (down to 4
-//! turns, then to the current turn), all but the last tool result cleared, harder compaction,
-//! shorter tool-parameter descriptions, and last no summary at all. What happens when it still does not fit is the
-//! caller's policy (`reject` or `forward`).
+//! a time, least information per token first, until it fits: fewer summary segments, a smaller
+//! window (4 turns, then the working set alone), all but the last tool result cleared, harder
+//! compaction, shorter tool-parameter descriptions, and last no summary lines at all.
+//!
+//! No step touches the floor (DESIGN principle 8): the system message, the tools kept, the
+//! working set and the ledger. When the floor alone exceeds the budget, the report says which
+//! part is over; the caller's policy forwards it flagged (default) or rejects it.
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::working_set::WorkingSet;
 use super::{Params, PipelineConfig, StageReport};
-use crate::openai::ChatRequest;
+use crate::openai::{ChatRequest, Role};
 use crate::tokens::TokenCounter;
 
 type Step = (&'static str, fn(&mut Params, &PipelineConfig));
@@ -20,7 +25,6 @@ const STEPS: &[Step] = &[
     ("window_min_turns", |p, c| {
         p.window_turns_cap = Some(c.window.min_turns)
     }),
-    ("window_current_turn", |p, _| p.window_turns_cap = Some(1)),
     ("clear_all_but_last_tool_result", |p, _| {
         p.keep_recent_results = p.keep_recent_results.min(1)
     }),
@@ -28,12 +32,110 @@ const STEPS: &[Step] = &[
         p.tool_result_max_tokens = (p.tool_result_max_tokens / 4).max(100);
         p.max_string_chars = p.max_string_chars.min(100);
     }),
+    // The last turn and the assistant message it answers; the rest goes to the ledger.
+    ("window_working_set", |p, _| p.window_turns_cap = Some(1)),
     ("short_tool_descriptions", |p, _| {
         p.shorten_tool_descriptions = true
     }),
     // Last resort, before the policy refuses the request.
     ("no_summary_segments", |p, _| p.max_segments = 0),
 ];
+
+/// The parts of a request that no budget step cuts, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Floor {
+    /// The system message, without the proxy's summary section.
+    pub system: usize,
+    pub tools: usize,
+    pub working_set: usize,
+    /// The summary section: the ledger and what summary lines are left.
+    pub ledger: usize,
+    /// Everything else that was left (stubs, compacted results, older turns).
+    pub history: usize,
+}
+
+/// Which part of the floor first exceeds the budget, counted in the order system, tools,
+/// working set (with the ledger); `history` when the floor fits and the rest does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverPart {
+    System,
+    Tools,
+    WorkingSet,
+    History,
+}
+
+/// A request still over its budget after every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct OverBudget {
+    /// Tokens over the budget.
+    pub tokens_over: usize,
+    pub part: OverPart,
+    pub floor: Floor,
+}
+
+impl Floor {
+    pub fn of(request: &ChatRequest, recent_tool_steps: usize, counter: &TokenCounter) -> Floor {
+        let working_set = WorkingSet::of(&request.messages, recent_tool_steps);
+        let mut floor = Floor {
+            system: 0,
+            tools: counter.tools(request.tools.get().map_or(&[], Vec::as_slice)),
+            working_set: 0,
+            ledger: 0,
+            history: 0,
+        };
+        for (index, message) in request.messages.iter().enumerate() {
+            let tokens = counter.message(message);
+            if matches!(message.role, Role::System | Role::Developer) {
+                let summary = message
+                    .content
+                    .get()
+                    .map(|c| c.text())
+                    .and_then(|text| summary_section(&text).map(|s| counter.text(s)))
+                    .unwrap_or(0);
+                floor.ledger += summary.min(tokens);
+                floor.system += tokens.saturating_sub(summary);
+            } else if working_set.contains(index) {
+                floor.working_set += tokens;
+            } else {
+                floor.history += tokens;
+            }
+        }
+        floor
+    }
+
+    /// Which part crosses `budget` first, and by how much the whole is over it.
+    pub fn over(self, budget: usize, total: usize) -> Option<OverBudget> {
+        if total <= budget {
+            return None;
+        }
+        let parts = [
+            (OverPart::System, self.system),
+            (OverPart::Tools, self.tools),
+            (OverPart::WorkingSet, self.working_set + self.ledger),
+        ];
+        let mut sum = 0;
+        let part = parts
+            .iter()
+            .find(|(_, tokens)| {
+                sum += tokens;
+                sum > budget
+            })
+            .map_or(OverPart::History, |(part, _)| *part);
+        Some(OverBudget {
+            tokens_over: total - budget,
+            part,
+            floor: self,
+        })
+    }
+}
+
+/// The `<conversation_summary>` section of a system message text.
+fn summary_section(text: &str) -> Option<&str> {
+    let start = text.find("<conversation_summary>")?;
+    let end = text[start..].find("</conversation_summary>")? + start;
+    Some(&text[start..end + "</conversation_summary>".len()])
+}
 
 /// Characters kept of a tool or parameter description when shortening them.
 const SHORT_DESCRIPTION_CHARS: usize = 80;

@@ -8,9 +8,13 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 
+use super::identifiers::{
+    call_label, json_identifiers, parse_json, render_labelled, scalar_identifier,
+};
 use super::text::identifiers;
+use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
-use crate::openai::{ChatRequest, Content, Message, Nullable, Role};
+use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
 use crate::tokens::TokenCounter;
 
 pub struct CompactStage;
@@ -37,18 +41,9 @@ impl Stage for CompactStage {
             .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
             .map(|(i, _)| i)
             .collect();
-        // Results of the current turn (after the last user message) are never cleared: the
-        // model has not read them yet.
-        let current_turn = request
-            .messages
-            .iter()
-            .rposition(|m| m.role == Role::User)
-            .unwrap_or(0);
-        let recent = results.len().saturating_sub(cx.params.keep_recent_results);
-        let keep_from = results
-            .iter()
-            .position(|&i| i > current_turn)
-            .map_or(recent, |first_current| recent.min(first_current));
+        // The working set is never cleared; the rest is, but for the latest results.
+        let working_set = WorkingSet::of(&request.messages, cx.config.window.recent_tool_steps);
+        let keep_from = results.len().saturating_sub(cx.params.keep_recent_results);
         let (mut cleared, mut json_compacted, mut text_compacted) = (0, 0, 0);
         // Copied on the first change.
         let mut messages: Option<Vec<Message>> = None;
@@ -57,20 +52,26 @@ impl Stage for CompactStage {
             set_text(&mut messages[index], text);
         };
         for (n, &index) in results.iter().enumerate() {
-            let tool_name = tool_name_of(&request.messages, index);
+            let call = call_of(&request.messages, index);
             let message = &request.messages[index];
             let Some(text) = message.content.get().map(|c| c.text()) else {
                 continue;
             };
-            if n < keep_from {
-                let stub = stub(&text);
+            let protected = working_set.contains(index);
+            if n < keep_from && !protected {
+                let stub = stub(call, &text, cx.config.compact.stub_max_tokens, cx.counter);
                 if stub.len() < text.len() {
                     replace(index, stub);
                     cleared += 1;
                 }
                 continue;
             }
-            if cx.counter.text(&text) <= cx.params.tool_result_max_tokens {
+            let max_tokens = if protected {
+                cx.config.compact.tool_result_max_tokens
+            } else {
+                cx.params.tool_result_max_tokens
+            };
+            if cx.counter.text(&text) <= max_tokens {
                 continue;
             }
             let mut keep: HashSet<&str> = cx
@@ -80,19 +81,25 @@ impl Stage for CompactStage {
                 .iter()
                 .map(String::as_str)
                 .collect();
-            if let Some(extra) = tool_name.and_then(|name| cx.config.compact.tool_fields.get(&name))
+            if let Some(extra) =
+                call.and_then(|c| cx.config.compact.tool_fields.get(&c.function.name))
             {
                 keep.extend(extra.iter().map(String::as_str));
             }
-            let compacted = match serde_json::from_str::<Value>(&text) {
-                Ok(value) if value.is_object() || value.is_array() => {
-                    let out = compact_json_to_fit(&value, &keep, cx.params, cx.counter);
+            let compacted = match parse_json(&text) {
+                Some(value) if protected => {
                     json_compacted += 1;
-                    out
+                    let out = compact_value(&value, &Rules::lossless(cx.params));
+                    serde_json::to_string(&out).unwrap_or_default()
                 }
-                _ => {
+                Some(value) => {
+                    json_compacted += 1;
+                    compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
+                }
+                None if protected => continue,
+                None => {
                     text_compacted += 1;
-                    compact_text(&text, cx.params.tool_result_max_tokens, cx.counter)
+                    compact_text(&text, max_tokens, cx.counter)
                 }
             };
             if compacted.len() < text.len() {
@@ -111,29 +118,66 @@ fn set_text(message: &mut Message, text: String) {
     message.content = Nullable::Value(Content::Text(text));
 }
 
-/// The name of the tool whose call `index` answers.
-fn tool_name_of(messages: &[Message], index: usize) -> Option<String> {
+/// The tool call that the result at `index` answers.
+fn call_of(messages: &[Message], index: usize) -> Option<&ToolCall> {
     let id = messages[index].tool_call_id.get()?;
-    messages[..index].iter().rev().find_map(|m| {
-        m.tool_calls()
-            .iter()
-            .find(|c| &c.id == id)
-            .map(|c| c.function.name.clone())
-    })
+    messages[..index]
+        .iter()
+        .rev()
+        .find_map(|m| m.tool_calls().iter().find(|c| &c.id == id))
 }
 
-/// `[Previous result: <first line, ≤100 chars> …]`.
-pub fn stub(text: &str) -> String {
-    // The first line with words or digits (pretty JSON starts with a lone `{`).
-    let first_line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| l.chars().any(char::is_alphanumeric))
-        .unwrap_or("");
-    format!(
-        "[Previous result: {}]",
-        cut_at_whitespace(first_line, STUB_CHARS)
-    )
+/// What a cleared result leaves behind: the call, and the identifiers the result held with
+/// their labels, within `max_tokens`:
+/// `[get_order_details(order_id: #W1) result cleared; it held: status: …, items: [item_id: 6117189161, price: 481.5]]`.
+pub fn stub(call: Option<&ToolCall>, text: &str, max_tokens: usize, counter: &TokenCounter) -> String {
+    let label = call.map_or_else(
+        || "Previous".to_owned(),
+        |c| call_label(&c.function.name, &c.function.arguments),
+    );
+    let held = match parse_json(text) {
+        Some(value) => render_labelled(&value, &|_| false),
+        None => {
+            let mut seen = HashSet::new();
+            identifiers(text)
+                .into_iter()
+                .filter(|id| !id.contains("://") && seen.insert(id.clone()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    if held.is_empty() {
+        // No identifier: the first line with words or digits (pretty JSON starts with `{`).
+        let first_line = text
+            .lines()
+            .map(str::trim)
+            .find(|l| l.chars().any(char::is_alphanumeric))
+            .unwrap_or("");
+        return format!(
+            "[{label} result cleared: {}]",
+            cut_at_whitespace(first_line, STUB_CHARS)
+        );
+    }
+    let mut out = format!("[{label} result cleared; it held: {held}]");
+    if counter.text(&out) > max_tokens {
+        // Cut between two values, keeping the start (bytes per token from the whole).
+        let ratio = out.len() as f64 / counter.text(&out).max(1) as f64;
+        let mut limit = (max_tokens as f64 * ratio) as usize;
+        loop {
+            let cut = held
+                .char_indices()
+                .filter(|&(i, c)| i <= limit && matches!(c, ',' | ';'))
+                .map(|(i, _)| i)
+                .last()
+                .unwrap_or(0);
+            out = format!("[{label} result cleared; it held: {} …]", &held[..cut]);
+            if cut == 0 || counter.text(&out) <= max_tokens {
+                break;
+            }
+            limit = cut * 9 / 10;
+        }
+    }
+    out
 }
 
 /// At most `max_chars` characters, cut at whitespace, with ` …` when cut.
@@ -149,22 +193,48 @@ fn cut_at_whitespace(text: &str, max_chars: usize) -> String {
     format!("{} …", text[..cut].trim_end())
 }
 
-/// Compacts JSON, then cuts lists shorter until the result fits `tool_result_max_tokens`.
+/// How JSON is compacted.
+struct Rules<'a> {
+    /// Fields kept whole from an object that has any of them (the others keep only their
+    /// identifiers); `None` keeps every field.
+    keep: Option<&'a HashSet<&'a str>>,
+    max_string_chars: usize,
+    /// Items kept of a list; the identifiers of the others are listed, bounded.
+    list_cap: usize,
+}
+
+impl Rules<'_> {
+    /// Every identifier and number stays: only nulls, empties and long prose go.
+    fn lossless(params: &super::Params) -> Rules<'static> {
+        Rules {
+            keep: None,
+            max_string_chars: params.max_string_chars,
+            list_cap: usize::MAX,
+        }
+    }
+}
+
+/// Compacts JSON, then cuts lists shorter until the result fits `max_tokens`.
 fn compact_json_to_fit(
     value: &Value,
     keep: &HashSet<&str>,
+    max_tokens: usize,
     params: &super::Params,
     counter: &TokenCounter,
 ) -> String {
-    let mut list_cap = usize::MAX;
+    let mut rules = Rules {
+        keep: Some(keep),
+        max_string_chars: params.max_string_chars,
+        list_cap: usize::MAX,
+    };
     loop {
-        let compacted = compact_value(value, keep, params.max_string_chars, list_cap);
+        let compacted = compact_value(value, &rules);
         let text = serde_json::to_string(&compacted).unwrap_or_default();
         let longest = longest_list(&compacted);
-        if counter.text(&text) <= params.tool_result_max_tokens || longest <= 1 {
+        if counter.text(&text) <= max_tokens || longest <= 1 || rules.list_cap == 1 {
             return text;
         }
-        list_cap = (longest.min(list_cap) / 2).max(1);
+        rules.list_cap = (longest.min(rules.list_cap) / 2).max(1);
     }
 }
 
@@ -193,23 +263,30 @@ fn identity_of(value: &Value) -> Option<&Value> {
     value.as_object()?.get("login").filter(|v| v.is_string())
 }
 
-fn compact_value(value: &Value, keep: &HashSet<&str>, max_string: usize, list_cap: usize) -> Value {
+fn compact_value(value: &Value, rules: &Rules<'_>) -> Value {
+    compact_inner(value, rules, false)
+}
+
+/// `ids_only`: inside a field an identifying object does not keep, only identifiers stay.
+fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
     match value {
         Value::Object(map) => {
-            let has_identifying = map.keys().any(|k| keep.contains(k.as_str()));
+            let keep = rules.keep;
+            let has_identifying =
+                keep.is_some_and(|keep| map.keys().any(|k| keep.contains(k.as_str())));
             let mut out = Map::new();
             for (key, field) in map {
                 if is_empty(field) {
                     continue;
                 }
-                if let Some(login) = identity_of(field) {
+                if keep.is_some()
+                    && let Some(login) = identity_of(field)
+                {
                     out.insert(key.clone(), login.clone());
                     continue;
                 }
-                if has_identifying && !keep.contains(key.as_str()) {
-                    continue;
-                }
-                let compacted = compact_value(field, keep, max_string, list_cap);
+                let dropped = has_identifying && keep.is_some_and(|k| !k.contains(key.as_str()));
+                let compacted = compact_inner(field, rules, ids_only || dropped);
                 if !is_empty(&compacted) {
                     out.insert(key.clone(), compacted);
                 }
@@ -220,16 +297,31 @@ fn compact_value(value: &Value, keep: &HashSet<&str>, max_string: usize, list_ca
             let total = items.len();
             let mut out: Vec<Value> = items
                 .iter()
-                .take(list_cap)
-                .map(|item| compact_value(item, keep, max_string, list_cap))
+                .take(rules.list_cap)
+                .map(|item| compact_inner(item, rules, ids_only))
+                .filter(|item| !(ids_only && is_empty(item)))
                 .collect();
-            if total > out.len() {
-                out.push(Value::String(format!("(showing {} of {total})", out.len())));
+            if total > rules.list_cap {
+                let mut omitted = Vec::new();
+                for item in &items[rules.list_cap..] {
+                    json_identifiers(item, &mut omitted);
+                }
+                let omitted = distinct(omitted, MAX_OMITTED_IDS);
+                let mut marker = format!("(showing {} of {total}", rules.list_cap);
+                if !omitted.is_empty() {
+                    marker.push_str(&format!("; identifiers in the others: {}", omitted.join(" ")));
+                }
+                marker.push(')');
+                out.push(Value::String(marker));
             }
             Value::Array(out)
         }
-        Value::String(s) if s.chars().count() > max_string && s.contains(char::is_whitespace) => {
-            Value::String(cut_at_whitespace(s, max_string))
+        scalar if ids_only => scalar_identifier(scalar).map_or(Value::Null, |_| scalar.clone()),
+        Value::String(s)
+            if s.chars().count() > rules.max_string_chars
+                && s.contains(char::is_whitespace) =>
+        {
+            Value::String(cut_at_whitespace(s, rules.max_string_chars))
         }
         other => other.clone(),
     }
@@ -266,7 +358,7 @@ fn compact_text(text: &str, max_tokens: usize, counter: &TokenCounter) -> String
         return text.to_owned();
     }
     let middle = &lines[head..tail];
-    let ids = distinct_identifiers(&middle.join("\n"));
+    let ids = distinct_identifiers(&middle.join("\n"), MAX_OMITTED_IDS);
     let alerts: Vec<&str> = middle
         .iter()
         .copied()
@@ -307,20 +399,28 @@ fn is_alert(line: &str) -> bool {
 
 /// Identifiers of a text, at most two of each shape (digits masked), so that a column of
 /// timestamps or sequence numbers does not crowd out the rare path or id.
-fn distinct_identifiers(text: &str) -> Vec<String> {
+fn distinct_identifiers(text: &str, max: usize) -> Vec<String> {
+    distinct(identifiers(text), max)
+}
+
+/// At most `max` of `ids`, two of each shape, first seen first.
+fn distinct(ids: Vec<String>, max: usize) -> Vec<String> {
     let mut shapes: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    identifiers(text)
-        .into_iter()
+    let mut seen = HashSet::new();
+    ids.into_iter()
         .filter(|id| {
+            if !seen.insert(id.clone()) {
+                return false;
+            }
             let shape: String = id
                 .chars()
                 .map(|c| if c.is_ascii_digit() { '#' } else { c })
                 .collect();
-            let seen = shapes.entry(shape).or_insert(0);
-            *seen += 1;
-            *seen <= 2
+            let count = shapes.entry(shape).or_insert(0);
+            *count += 1;
+            *count <= 2
         })
-        .take(MAX_OMITTED_IDS)
+        .take(max)
         .collect()
 }
 

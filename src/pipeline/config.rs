@@ -159,6 +159,11 @@ pub struct WindowConfig {
     pub continuity_low: f64,
     /// A user message this dissimilar to the previous one starts a new topic.
     pub topic_shift_similarity: f64,
+    /// The agent's latest tool calls after the last user message that are kept whole, with
+    /// their results (part of the working set, never cut).
+    pub recent_tool_steps: usize,
+    /// Cap of the ledger: the identifiers of summarized turns, word for word.
+    pub ledger_max_tokens: usize,
 }
 
 impl Default for WindowConfig {
@@ -175,6 +180,8 @@ impl Default for WindowConfig {
             continuity_high: 0.35,
             continuity_low: 0.05,
             topic_shift_similarity: 0.02,
+            recent_tool_steps: 4,
+            ledger_max_tokens: 600,
         }
     }
 }
@@ -202,8 +209,11 @@ pub struct CompactConfig {
     pub enabled: bool,
     /// Tool results larger than this are compacted.
     pub tool_result_max_tokens: usize,
-    /// Tool results older than the last N are replaced by a one-line stub (seed 000, Fase 2).
+    /// Tool results older than the last N (and outside the working set) are replaced by a stub
+    /// listing the identifiers they held (seed 000, Fase 2).
     pub keep_recent_results: usize,
+    /// Cap of such a stub.
+    pub stub_max_tokens: usize,
     /// Prose strings longer than this are shortened (identifiers never are).
     pub max_string_chars: usize,
     /// Fields kept from JSON objects when they have any of them.
@@ -244,6 +254,7 @@ impl Default for CompactConfig {
             enabled: true,
             tool_result_max_tokens: 1000,
             keep_recent_results: 2,
+            stub_max_tokens: 200,
             max_string_chars: 300,
             keep_fields: keep.iter().map(|s| (*s).to_owned()).collect(),
             tool_fields: std::collections::BTreeMap::new(),
@@ -256,7 +267,8 @@ impl Default for CompactConfig {
 pub enum OnExceed {
     /// Refuse with 400 `context_budget_exceeded`.
     Reject,
-    /// Send the best effort anyway (counted).
+    /// Send the best effort anyway: the floor (system, tools, working set, ledger), flagged
+    /// with `X-Ctxproxy-Over-Budget` and counted.
     Forward,
 }
 
@@ -274,7 +286,7 @@ impl Default for BudgetConfig {
         BudgetConfig {
             enabled: true,
             max_tokens: 4000,
-            on_exceed: OnExceed::Reject,
+            on_exceed: OnExceed::Forward,
         }
     }
 }

@@ -8,18 +8,21 @@
 mod budget;
 mod compact;
 pub mod config;
+pub(crate) mod identifiers;
 mod memo;
 mod reinforcement;
 mod system;
 pub(crate) mod text;
 pub mod tools;
 mod window;
+pub mod working_set;
 
 use std::borrow::Cow;
 
 use serde::Serialize;
 use serde_json::Value;
 
+pub use budget::{Floor, OverBudget, OverPart};
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 
@@ -46,6 +49,9 @@ pub struct PipelineReport {
     /// The budget this request was held to, and whether the result fits in it.
     pub budget: usize,
     pub fits: bool,
+    /// When it does not fit: by how much, and which part of the floor is over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub over_budget: Option<OverBudget>,
 }
 
 impl PipelineReport {
@@ -236,14 +242,21 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     }
     let budget = env.budget;
     let fits = tokens_after <= budget;
+    let request = best.into_owned();
+    let over_budget = if fits || !config.budget.enabled {
+        None
+    } else {
+        Floor::of(&request, config.window.recent_tool_steps, counter).over(budget, tokens_after)
+    };
     Rewrite {
-        request: best.into_owned(),
+        request,
         report: PipelineReport {
             tokens_before,
             tokens_after,
             stages,
             budget,
             fits,
+            over_budget,
         },
     }
 }

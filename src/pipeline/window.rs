@@ -8,14 +8,18 @@
 //! conversation, so the window moves in steps and consecutive requests share a prefix.
 
 mod facts;
+mod ledger;
 mod summary;
 mod turns;
+
+use std::collections::{HashMap, HashSet};
 
 use serde_json::json;
 
 use super::system::add_section;
 use super::{Stage, StageCx, StageOutput};
-use crate::openai::{ChatRequest, Message};
+use super::working_set::WorkingSet;
+use crate::openai::{ChatRequest, Message, Role};
 use turns::{Turn, split_turns};
 
 pub struct WindowStage;
@@ -46,20 +50,64 @@ impl Stage for WindowStage {
         } else {
             facts::Section::default()
         };
+        // The assistant message the last user message answers is never summarized away.
+        let working_set = WorkingSet::of(&request.messages, cx.config.window.recent_tool_steps);
+        let window_start = window.first().map_or(request.messages.len(), |t| t.start);
+        let answered = working_set
+            .answered
+            .clone()
+            .filter(|range| range.start < window_start)
+            .unwrap_or(0..0);
 
         let mut messages: Vec<Message> = head.to_vec();
         // Instructions found inside summarized turns (system stage off) are kept.
         messages.extend(older.iter().flat_map(|t| t.instructions().cloned()));
+        messages.extend(request.messages[answered.clone()].iter().cloned());
         messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
-        if !kept.is_empty() {
-            let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
-            add_section(
-                &mut messages,
-                &format!(
-                    "<conversation_summary>\nEarlier turns, oldest first:\n{}\n</conversation_summary>",
-                    lines.join("\n")
-                ),
-            );
+
+        let removed: Vec<(usize, &Message)> = older
+            .iter()
+            .flat_map(|t| t.messages.iter().enumerate().map(move |(i, m)| (t.start + i, m)))
+            .filter(|(i, m)| {
+                !answered.contains(i) && !matches!(m.role, Role::System | Role::Developer)
+            })
+            .collect();
+        let ledger = if cx.config.window.ledger_max_tokens > 0 {
+            let shown: HashSet<String> = messages
+                .iter()
+                .flat_map(ledger::message_identifiers)
+                .collect();
+            let mut mentions: HashMap<String, usize> = HashMap::new();
+            for (position, message) in request.messages.iter().enumerate() {
+                for id in ledger::message_identifiers(message) {
+                    mentions.insert(id, position);
+                }
+            }
+            ledger::lines(
+                &removed,
+                &shown,
+                &mentions,
+                cx.config.window.ledger_max_tokens,
+                cx.counter,
+            )
+        } else {
+            Vec::new()
+        };
+        if !kept.is_empty() || !ledger.is_empty() {
+            let mut section = String::from("<conversation_summary>\n");
+            if !kept.is_empty() {
+                let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
+                section.push_str("Earlier turns, oldest first:\n");
+                section.push_str(&lines.join("\n"));
+                section.push('\n');
+            }
+            if !ledger.is_empty() {
+                section.push_str("Identifiers from those turns, word for word:\n- ");
+                section.push_str(&ledger.join("\n- "));
+                section.push('\n');
+            }
+            section.push_str("</conversation_summary>");
+            add_section(&mut messages, &section);
         }
         if !facts.lines.is_empty() {
             add_section(
@@ -77,6 +125,8 @@ impl Stage for WindowStage {
             "summarized_turns": older.len(),
             "segments": segments,
             "segments_kept": kept.len(),
+            "ledger_lines": ledger.len(),
+            "answered_kept": !answered.is_empty(),
             "facts": facts.lines.len(),
         });
         StageOutput {

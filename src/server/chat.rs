@@ -31,6 +31,27 @@ const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
 const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
 const X_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-before");
 const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-after");
+const X_OVER_BUDGET: HeaderName = HeaderName::from_static("x-ctxproxy-over-budget");
+
+/// The token counts a response reports in its headers.
+#[derive(Debug, Clone, Copy)]
+struct TokenCounts {
+    before: usize,
+    after: usize,
+    /// Tokens over the budget of a request forwarded over its floor.
+    over_budget: Option<usize>,
+}
+
+impl TokenCounts {
+    fn set_headers(counts: Option<TokenCounts>, headers: &mut HeaderMap) {
+        let Some(counts) = counts else { return };
+        headers.insert(X_TOKENS_BEFORE, HeaderValue::from(counts.before));
+        headers.insert(X_TOKENS_AFTER, HeaderValue::from(counts.after));
+        if let Some(over) = counts.over_budget {
+            headers.insert(X_OVER_BUDGET, HeaderValue::from(over));
+        }
+    }
+}
 
 pub async fn chat_completions(
     State(state): State<SharedState>,
@@ -138,7 +159,7 @@ async fn serve(
                         tokens_after: report.tokens_after,
                     });
                 }
-                let outcome = if over_budget { "forwarded" } else { "fit" };
+                let outcome = if over_budget { "over_floor" } else { "fit" };
                 state
                     .metrics
                     .budget_outcomes
@@ -148,7 +169,14 @@ async fn serve(
             } else {
                 record_observed(&state, &rewrite, labels);
             }
-            let counts = (report.tokens_before, report.tokens_after);
+            let counts = TokenCounts {
+                before: report.tokens_before,
+                after: report.tokens_after,
+                over_budget: report
+                    .over_budget
+                    .filter(|_| mode == Mode::Optimize)
+                    .map(|over| over.tokens_over),
+            };
             match (mode, rewrite.changed()) {
                 (Mode::Optimize, true) => {
                     let rewritten = serde_json::to_vec(&rewrite.request)
@@ -178,11 +206,7 @@ async fn serve(
     .await;
     let (cache_key, cache_label) = match cache {
         Lookup::Hit(mut response) => {
-            if let Some((before, after)) = counts {
-                let headers = response.headers_mut();
-                headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
-                headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
-            }
+            TokenCounts::set_headers(counts, response.headers_mut());
             return Ok(response);
         }
         Lookup::Miss(key) => (Some(key), "miss"),
@@ -193,11 +217,7 @@ async fn serve(
     if let Some(plan) = &dedup
         && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat, labels).await
     {
-        if let Some((before, after)) = counts {
-            let headers = response.headers_mut();
-            headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
-            headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
-        }
+        TokenCounts::set_headers(counts, response.headers_mut());
         return Ok(response);
     }
 
@@ -309,11 +329,7 @@ async fn serve(
     response
         .headers_mut()
         .insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache_label));
-    if let Some((before, after)) = counts {
-        let headers = response.headers_mut();
-        headers.insert(X_TOKENS_BEFORE, HeaderValue::from(before));
-        headers.insert(X_TOKENS_AFTER, HeaderValue::from(after));
-    }
+    TokenCounts::set_headers(counts, response.headers_mut());
     Ok(response)
 }
 
@@ -345,6 +361,7 @@ pub async fn explain(
         "tokens_after": report.tokens_after,
         "budget": report.budget,
         "fits": report.fits,
+        "over_budget": report.over_budget,
         "stages": report.stages,
     })))
 }

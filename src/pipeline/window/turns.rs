@@ -10,6 +10,8 @@ use crate::pipeline::text::{bag, content_words, cosine, normalize};
 /// A user message and everything up to the next one (the first turn may have no user message).
 pub struct Turn<'a> {
     pub messages: &'a [Message],
+    /// Index of its first message in the request.
+    pub start: usize,
 }
 
 impl Turn<'_> {
@@ -60,6 +62,7 @@ pub fn split_turns(messages: &[Message]) -> (&[Message], Vec<Turn<'_>>) {
         if message.role == Role::User && i > start {
             turns.push(Turn {
                 messages: &rest[start..i],
+                start: head_len + start,
             });
             start = i;
         }
@@ -67,6 +70,7 @@ pub fn split_turns(messages: &[Message]) -> (&[Message], Vec<Turn<'_>>) {
     if start < rest.len() {
         turns.push(Turn {
             messages: &rest[start..],
+            start: head_len + start,
         });
     }
     (head, turns)

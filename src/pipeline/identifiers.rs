@@ -1,0 +1,276 @@
+//! What a rewrite must never lose (DESIGN principle 8): the identifiers an agent reuses. An
+//! identifier is an id or code (letters with digits, `#W…`, UUIDs, `credit_card_…`, flight
+//! numbers), an amount or price, a date or time, an email, or a name. Values are copied word for
+//! word with their label (`order_id: #W9348897`), never paraphrased.
+//!
+//! Pure functions over text and JSON; the compact stage's stubs and the window's ledger are
+//! built from them.
+
+use serde_json::Value;
+
+use super::text;
+
+/// Longest scalar treated as an identifier; longer strings are prose or blobs.
+const MAX_IDENTIFIER_CHARS: usize = 80;
+/// Longest multi-word value treated as one identifier ("113 Hickory Lane", "May 1, 2024").
+const MAX_IDENTIFIER_WORDS: usize = 5;
+
+/// Whether a scalar value (a JSON string or number, as text) is an identifier.
+pub fn is_identifier_value(value: &str) -> bool {
+    let value = value.trim();
+    let chars = value.chars().count();
+    if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
+        return false;
+    }
+    let words = value.split_whitespace().count();
+    if words > MAX_IDENTIFIER_WORDS {
+        return false;
+    }
+    if value.contains('@') && !value.contains(char::is_whitespace) {
+        return true;
+    }
+    let digits = value.chars().filter(char::is_ascii_digit).count();
+    let letters = value.chars().filter(|c| c.is_alphabetic()).count();
+    if digits > 0 {
+        // Codes and dates mix letters and digits; amounts, zips and times are digits.
+        return (letters > 0 && chars >= 3) || digits >= 2 || value.contains('.');
+    }
+    if value.starts_with('#') && chars >= 3 {
+        return true;
+    }
+    is_name(value)
+}
+
+/// A proper name: one to four capitalized words ("Action Camera", "Daiki", "USA").
+fn is_name(value: &str) -> bool {
+    let words: Vec<&str> = value.split_whitespace().collect();
+    !words.is_empty()
+        && words.len() <= 4
+        && value.chars().count() >= 2
+        && words.iter().all(|w| {
+            let mut chars = w.chars();
+            chars.next().is_some_and(char::is_uppercase)
+                && chars.all(|c| c.is_alphabetic() || matches!(c, '-' | '\'' | '.'))
+        })
+}
+
+/// The text of a scalar JSON value, when it is an identifier.
+pub fn scalar_identifier(value: &Value) -> Option<String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    is_identifier_value(&text).then_some(text)
+}
+
+/// Every identifier leaf of a JSON value, in document order, with repeats.
+pub fn json_identifiers(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                if is_identifier_value(key) && key.chars().any(|c| c.is_ascii_digit()) {
+                    out.push(key.clone());
+                }
+                json_identifiers(child, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| json_identifiers(item, out)),
+        other => out.extend(scalar_identifier(other)),
+    }
+}
+
+/// The identifiers of a message text: its JSON leaves when it is JSON, else the identifier
+/// tokens of the text.
+pub fn text_identifiers(content: &str) -> Vec<String> {
+    match parse_json(content) {
+        Some(value) => {
+            let mut out = Vec::new();
+            json_identifiers(&value, &mut out);
+            out
+        }
+        None => text::identifiers(content)
+            .into_iter()
+            .filter(|id| !id.contains("://"))
+            .collect(),
+    }
+}
+
+/// A JSON object or array, when the text is one.
+pub fn parse_json(text: &str) -> Option<Value> {
+    let trimmed = text.trim_start();
+    if !(trimmed.starts_with('{') || trimmed.starts_with('[')) {
+        return None;
+    }
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .filter(|v| v.is_object() || v.is_array())
+}
+
+/// The identifier leaves of a JSON value with their keys, compactly:
+/// `order_id: #W1, items: [item_id: 11, price: 2.5; item_id: 12, price: 3]`. A leaf for which
+/// `skip` is true is left out (already in the prompt), and so is a leaf repeating the key of the
+/// object that holds it (`"6700049080": {"item_id": "6700049080"}`). Empty when nothing is left.
+pub fn render_labelled(value: &Value, skip: &dyn Fn(&str) -> bool) -> String {
+    let mut out = String::new();
+    render_into(value, None, skip, &mut out);
+    out
+}
+
+fn render_into(value: &Value, parent_key: Option<&str>, skip: &dyn Fn(&str) -> bool, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut first = true;
+            for (key, child) in map {
+                let mut part = String::new();
+                match child {
+                    Value::Object(_) | Value::Array(_) => {
+                        let mut inner = String::new();
+                        render_into(child, Some(key), skip, &mut inner);
+                        if inner.is_empty() {
+                            if is_identifier_value(key)
+                                && key.chars().any(|c| c.is_ascii_digit())
+                                && !skip(key)
+                            {
+                                part.push_str(key);
+                            }
+                        } else if child.is_array() {
+                            part = format!("{key}: [{inner}]");
+                        } else {
+                            part = format!("{key}: {{{inner}}}");
+                        }
+                    }
+                    scalar => {
+                        if let Some(text) = scalar_identifier(scalar)
+                            && parent_key != Some(text.as_str())
+                            && !skip(&text)
+                        {
+                            part = format!("{key}: {text}");
+                        }
+                    }
+                }
+                if !part.is_empty() {
+                    if !first {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&part);
+                    first = false;
+                }
+            }
+        }
+        Value::Array(items) => {
+            let mut first = true;
+            for item in items {
+                let mut part = String::new();
+                match item {
+                    Value::Object(_) | Value::Array(_) => render_into(item, None, skip, &mut part),
+                    scalar => {
+                        if let Some(text) = scalar_identifier(scalar)
+                            && !skip(&text)
+                        {
+                            part = text;
+                        }
+                    }
+                }
+                if !part.is_empty() {
+                    if !first {
+                        out.push_str("; ");
+                    }
+                    if item.is_array() {
+                        out.push('[');
+                        out.push_str(&part);
+                        out.push(']');
+                    } else {
+                        out.push_str(&part);
+                    }
+                    first = false;
+                }
+            }
+        }
+        scalar => {
+            if let Some(text) = scalar_identifier(scalar)
+                && !skip(&text)
+            {
+                out.push_str(&text);
+            }
+        }
+    }
+}
+
+/// A tool call as `name(key: value, …)` with the identifier arguments (all of them when the
+/// arguments are not JSON and short).
+pub fn call_label(name: &str, arguments: &str) -> String {
+    let args = match parse_json(arguments) {
+        Some(value) => render_labelled(&value, &|_| false),
+        None if arguments.trim().chars().count() <= MAX_IDENTIFIER_CHARS => {
+            arguments.trim().to_owned()
+        }
+        None => String::new(),
+    };
+    format!("{name}({args})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn identifiers_by_the_definition() {
+        for id in [
+            "#W9348897",
+            "6117189161",
+            "credit_card_8853416",
+            "daiki_sanchez_3253",
+            "481.50",
+            "$1,166.98",
+            "2024-05-01",
+            "10:30",
+            "HAT045",
+            "a.b@example.com",
+            "Action Camera",
+            "Daiki",
+            "113 Hickory Lane",
+            "8e2a95c4-efd0-4f12-9951-650414a9a7ee",
+        ] {
+            assert!(is_identifier_value(id), "{id}");
+        }
+        for not_id in [
+            "",
+            "7",
+            "black",
+            "no longer needed",
+            "https://api.github.com/repos/1",
+            "We found 3 items in the order you placed last week",
+        ] {
+            assert!(!is_identifier_value(not_id), "{not_id}");
+        }
+    }
+
+    #[test]
+    fn labelled_leaves_keep_keys_and_drop_repeated_map_keys() {
+        let value = json!({"order_id": "#W1", "status": "pending", "paid": true,
+            "items": [{"item_id": "6117189161", "price": 481.5, "color": "silver"}],
+            "variants": {"6700049080": {"item_id": "6700049080", "price": 466.75, "available": false}}});
+        assert_eq!(
+            render_labelled(&value, &|_| false),
+            "order_id: #W1, items: [item_id: 6117189161, price: 481.5], variants: {6700049080: {price: 466.75}}"
+        );
+        assert_eq!(
+            render_labelled(&value, &|v| v == "#W1" || v == "466.75"),
+            "items: [item_id: 6117189161, price: 481.5], variants: {6700049080}"
+        );
+    }
+
+    #[test]
+    fn every_leaf_of_a_result_is_found() {
+        let value = json!({"a": [{"b": "X12"}, 7, 55], "c": {"d": "2024-01-02"}});
+        let mut out = Vec::new();
+        json_identifiers(&value, &mut out);
+        assert_eq!(out, vec!["X12", "55", "2024-01-02"]);
+        assert_eq!(
+            call_label("get_order", r##"{"order_id": "#W1", "verbose": true}"##),
+            "get_order(order_id: #W1)"
+        );
+    }
+}

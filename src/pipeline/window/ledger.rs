@@ -1,0 +1,262 @@
+//! The ledger: what the summarized turns held that an agent may reuse, word for word (DESIGN
+//! principle 8). Identifiers are grouped by where they came from, a tool call and its result,
+//! a user message or an assistant message, with their labels:
+//! `get_order_details(order_id: #W1) → status: pending, items: [item_id: 6117189161, price: 481.5]`.
+//!
+//! A value the rewritten request still shows is not repeated. Within `ledger_max_tokens`, the
+//! groups whose values were mentioned latest (being referred to again counts as recent) stay.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::openai::{Message, Role};
+use crate::pipeline::identifiers::{call_label, parse_json, render_labelled, text_identifiers};
+use crate::tokens::TokenCounter;
+
+/// One source of identifiers.
+struct Group {
+    /// Position of its message in the conversation (for order and recency).
+    position: usize,
+    text: String,
+    /// The last position at which one of its values is mentioned.
+    last_mention: usize,
+}
+
+/// Fewer remaining tokens than this are not worth a cut group.
+const MIN_PARTIAL_TOKENS: usize = 12;
+
+fn content_text(message: &Message) -> String {
+    message
+        .content
+        .get()
+        .map(|c| c.text().into_owned())
+        .unwrap_or_default()
+}
+
+/// Every identifier a message shows: its content's and its tool calls' arguments.
+pub fn message_identifiers(message: &Message) -> Vec<String> {
+    let mut ids = text_identifiers(&content_text(message));
+    for call in message.tool_calls() {
+        ids.extend(text_identifiers(&call.function.arguments));
+    }
+    ids
+}
+
+/// The ledger lines of `removed` (messages of summarized turns, in order, with their positions
+/// in the conversation), leaving out values in `shown`, within `max_tokens`. `mentions` maps
+/// a value to the last position where the conversation mentions it.
+pub fn lines(
+    removed: &[(usize, &Message)],
+    shown: &HashSet<String>,
+    mentions: &HashMap<String, usize>,
+    max_tokens: usize,
+    counter: &TokenCounter,
+) -> Vec<String> {
+    if max_tokens == 0 {
+        return Vec::new();
+    }
+    let skip = |value: &str| shown.contains(value);
+    let last_mention = |values: &[String], position: usize| {
+        values
+            .iter()
+            .filter_map(|v| mentions.get(v))
+            .copied()
+            .max()
+            .unwrap_or(position)
+            .max(position)
+    };
+    let results: HashMap<&str, &Message> = removed
+        .iter()
+        .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
+        .filter_map(|(_, m)| m.tool_call_id.get().map(|id| (id.as_str(), *m)))
+        .collect();
+    let mut answered: HashSet<&str> = HashSet::new();
+    let mut groups = Vec::new();
+    for &(position, message) in removed {
+        match message.role {
+            Role::Tool | Role::Function => {
+                let id = message.tool_call_id.get().map(String::as_str);
+                if id.is_some_and(|id| answered.contains(id)) {
+                    continue;
+                }
+                let text = render_content(&content_text(message), &skip);
+                if !text.is_empty() {
+                    let values = text_identifiers(&content_text(message));
+                    groups.push(Group {
+                        position,
+                        last_mention: last_mention(&values, position),
+                        text: format!("tool result: {text}"),
+                    });
+                }
+            }
+            Role::System | Role::Developer | Role::Other(_) => {}
+            Role::User | Role::Assistant => {
+                let own = render_content(&content_text(message), &skip);
+                if !own.is_empty() {
+                    let values = text_identifiers(&content_text(message));
+                    let role = if message.role == Role::User {
+                        "user"
+                    } else {
+                        "assistant"
+                    };
+                    groups.push(Group {
+                        position,
+                        last_mention: last_mention(&values, position),
+                        text: format!("{role}: {own}"),
+                    });
+                }
+                for call in message.tool_calls() {
+                    let result = results.get(call.id.as_str());
+                    if result.is_some() {
+                        answered.insert(call.id.as_str());
+                    }
+                    let result_text = result.map(|m| content_text(m)).unwrap_or_default();
+                    let found = render_content(&result_text, &skip);
+                    let mut values = text_identifiers(&call.function.arguments);
+                    values.extend(text_identifiers(&result_text));
+                    let label = call_label(&call.function.name, &call.function.arguments);
+                    let text = if found.is_empty() {
+                        label
+                    } else {
+                        format!("{label} → {found}")
+                    };
+                    groups.push(Group {
+                        position,
+                        last_mention: last_mention(&values, position),
+                        text,
+                    });
+                }
+            }
+        }
+    }
+    select(groups, max_tokens, counter)
+}
+
+/// A message content's identifiers: labelled leaves of JSON, identifier tokens of text.
+fn render_content(content: &str, skip: &dyn Fn(&str) -> bool) -> String {
+    if content.trim().is_empty() {
+        return String::new();
+    }
+    match parse_json(content) {
+        Some(value) => render_labelled(&value, skip),
+        None => {
+            let mut seen = HashSet::new();
+            text_identifiers(content)
+                .into_iter()
+                .filter(|id| !skip(id) && seen.insert(id.clone()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+/// The most recently mentioned groups that fit `max_tokens`, in conversation order; a group
+/// that does not fit whole is cut between two values.
+fn select(groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&groups[a], &groups[b]);
+        b.last_mention
+            .cmp(&a.last_mention)
+            .then(b.position.cmp(&a.position))
+    });
+    let mut left = max_tokens;
+    let mut kept: Vec<(usize, String)> = Vec::new();
+    for index in order {
+        let text = &groups[index].text;
+        // "- " and the newline.
+        let tokens = counter.text(text) + 2;
+        if tokens <= left {
+            left -= tokens;
+            kept.push((index, text.clone()));
+        } else if left >= MIN_PARTIAL_TOKENS {
+            let cut = cut_to_tokens(text, left - 2, counter);
+            if !cut.is_empty() {
+                left = left.saturating_sub(counter.text(&cut) + 2);
+                kept.push((index, cut));
+            }
+        }
+        if left < MIN_PARTIAL_TOKENS {
+            break;
+        }
+    }
+    kept.sort_by_key(|(index, _)| *index);
+    kept.into_iter().map(|(_, text)| text).collect()
+}
+
+/// The longest prefix of `text` ending between two values (`, ` or `; `) within `max_tokens`,
+/// with ` …`.
+fn cut_to_tokens(text: &str, max_tokens: usize, counter: &TokenCounter) -> String {
+    let mut cuts: Vec<usize> = text
+        .match_indices([',', ';'])
+        .map(|(i, _)| i)
+        .collect();
+    cuts.reverse();
+    // Bisection over the cut points: tokens grow with the prefix.
+    let fits = |end: usize| counter.text(&text[..end]) + 2 <= max_tokens;
+    let (mut low, mut high) = (0usize, cuts.len());
+    // cuts[i] for i in low..high, longest first; find the first (longest) that fits.
+    let mut best = None;
+    while low < high {
+        let middle = (low + high) / 2;
+        if fits(cuts[middle]) {
+            best = Some(cuts[middle]);
+            high = middle;
+        } else {
+            low = middle + 1;
+        }
+    }
+    best.map(|end| format!("{} …", &text[..end]))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::Encoding;
+    use serde_json::json;
+
+    fn messages(value: serde_json::Value) -> Vec<Message> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn conversation() -> Vec<Message> {
+        messages(json!([
+            {"role": "user", "content": "I'm Daiki, zip 80298, order W9348897"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_order_details", "arguments": "{\"order_id\": \"#W9348897\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"order_id\": \"#W9348897\", \"status\": \"pending\", \"items\": [{\"item_id\": \"6117189161\", \"price\": 481.5, \"color\": \"silver\"}], \"payment_method_id\": \"credit_card_8853416\"}"},
+            {"role": "assistant", "content": "Your order #W9348897 totals $481.50."}
+        ]))
+    }
+
+    #[test]
+    fn groups_keep_labels_and_values_word_for_word() {
+        let all = conversation();
+        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let lines = lines(&removed, &HashSet::new(), &HashMap::new(), 500, &counter);
+        assert_eq!(
+            lines,
+            vec![
+                "user: 80298, W9348897",
+                "get_order_details(order_id: #W9348897) → order_id: #W9348897, items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416",
+                "assistant: #W9348897, $481.50",
+            ]
+        );
+    }
+
+    #[test]
+    fn shown_values_are_not_repeated_and_the_cap_keeps_the_latest_mentioned() {
+        let all = conversation();
+        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let shown: HashSet<String> = ["#W9348897".to_owned()].into();
+        let lines_shown = lines(&removed, &shown, &HashMap::new(), 500, &counter);
+        assert_eq!(lines_shown[1], "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416");
+        assert_eq!(lines_shown[2], "assistant: $481.50");
+        // The user's zip is mentioned again later: it outranks the newer assistant line.
+        let mentions: HashMap<String, usize> = [("80298".to_owned(), 9)].into();
+        let capped = lines(&removed, &HashSet::new(), &mentions, 14, &counter);
+        assert_eq!(capped, vec!["user: 80298, W9348897"]);
+    }
+}
