@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use serde_json::{Map, Value, json};
 
 use super::identifiers::{
-    call_label, json_identifiers, parse_json, render_labelled, scalar_identifier,
+    call_label, json_identifiers, parse_json, render_labelled_once, scalar_identifier,
 };
 use super::text::identifiers;
 use super::working_set::WorkingSet;
@@ -136,7 +136,7 @@ pub fn stub(call: Option<&ToolCall>, text: &str, max_tokens: usize, counter: &To
         |c| call_label(&c.function.name, &c.function.arguments),
     );
     let held = match parse_json(text) {
-        Some(value) => render_labelled(&value, &|_| false),
+        Some(value) => render_labelled_once(&value, &|_| false),
         None => {
             let mut seen = HashSet::new();
             identifiers(text)

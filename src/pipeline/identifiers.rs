@@ -6,6 +6,8 @@
 //! Pure functions over text and JSON; the compact stage's stubs and the window's ledger are
 //! built from them.
 
+use std::collections::HashSet;
+
 use serde_json::Value;
 
 use super::text;
@@ -54,6 +56,17 @@ fn is_name(value: &str) -> bool {
         })
 }
 
+/// An identifier that names one thing (a code, an id, an email), as opposed to an amount, a
+/// time or a name: what a ledger keeps last when its cap bites.
+pub fn is_strong_identifier(value: &str) -> bool {
+    let digits = value.chars().filter(char::is_ascii_digit).count();
+    let letters = value.chars().filter(|c| c.is_alphabetic()).count();
+    (digits > 0 && letters > 0 && value.chars().count() >= 3 && !value.contains(' '))
+        || (value.starts_with('#') && value.len() >= 3)
+        || value.contains('@')
+        || (digits >= 5 && digits == value.chars().count())
+}
+
 /// The text of a scalar JSON value, when it is an identifier.
 pub fn scalar_identifier(value: &Value) -> Option<String> {
     let text = match value {
@@ -89,11 +102,22 @@ pub fn text_identifiers(content: &str) -> Vec<String> {
             json_identifiers(&value, &mut out);
             out
         }
-        None => text::identifiers(content)
-            .into_iter()
-            .filter(|id| !id.contains("://"))
-            .collect(),
+        None => {
+            let mut ids: Vec<String> = text::identifiers(content)
+                .into_iter()
+                .filter(|id| !id.contains("://"))
+                .collect();
+            ids.extend(capital_codes(content));
+            ids
+        }
     }
+}
+
+/// Words of 3 to 8 capitals (`PHL`, `ORD`, `SFO`): airport, currency and other codes.
+fn capital_codes(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| (3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_uppercase()))
+        .map(str::to_owned)
 }
 
 /// A JSON object or array, when the text is one.
@@ -113,57 +137,79 @@ pub fn parse_json(text: &str) -> Option<Value> {
 /// object that holds it (`"6700049080": {"item_id": "6700049080"}`). Empty when nothing is left.
 pub fn render_labelled(value: &Value, skip: &dyn Fn(&str) -> bool) -> String {
     let mut out = String::new();
-    render_into(value, None, skip, &mut out);
+    render_into(value, None, skip, &mut None, &mut out);
     out
 }
 
-fn render_into(value: &Value, parent_key: Option<&str>, skip: &dyn Fn(&str) -> bool, out: &mut String) {
+/// `render_labelled`, with a `key: value` pair said once: the later items of a list show only
+/// what differs (`origin: DEN, date: 2024-05-27, flight_number: HAT084; flight_number: HAT175`).
+pub fn render_labelled_once(value: &Value, skip: &dyn Fn(&str) -> bool) -> String {
+    let mut out = String::new();
+    let mut said = HashSet::new();
+    render_into(value, None, skip, &mut Some(&mut said), &mut out);
+    out
+}
+
+/// Pairs already said, when each is said once.
+type Said<'a> = Option<&'a mut HashSet<(String, String)>>;
+
+fn render_into(
+    value: &Value,
+    parent_key: Option<&str>,
+    skip: &dyn Fn(&str) -> bool,
+    said: &mut Said<'_>,
+    out: &mut String,
+) {
+    let mut parts: Vec<String> = Vec::new();
     match value {
         Value::Object(map) => {
-            let mut first = true;
             for (key, child) in map {
-                let mut part = String::new();
                 match child {
                     Value::Object(_) | Value::Array(_) => {
                         let mut inner = String::new();
-                        render_into(child, Some(key), skip, &mut inner);
-                        if inner.is_empty() {
-                            if is_identifier_value(key)
-                                && key.chars().any(|c| c.is_ascii_digit())
-                                && !skip(key)
-                            {
-                                part.push_str(key);
-                            }
-                        } else if child.is_array() {
-                            part = format!("{key}: [{inner}]");
-                        } else {
-                            part = format!("{key}: {{{inner}}}");
+                        render_into(child, Some(key), skip, said, &mut inner);
+                        if !inner.is_empty() {
+                            parts.push(if child.is_array() {
+                                format!("{key}: [{inner}]")
+                            } else {
+                                format!("{key}: {{{inner}}}")
+                            });
+                        } else if is_identifier_value(key)
+                            && key.chars().any(|c| c.is_ascii_digit())
+                            && !skip(key)
+                        {
+                            parts.push(key.clone());
                         }
                     }
                     scalar => {
-                        if let Some(text) = scalar_identifier(scalar)
-                            && parent_key != Some(text.as_str())
-                            && !skip(&text)
-                        {
-                            part = format!("{key}: {text}");
+                        let Some(text) = scalar_identifier(scalar) else {
+                            continue;
+                        };
+                        if parent_key == Some(text.as_str()) || skip(&text) {
+                            continue;
                         }
+                        if let Some(said) = said.as_deref_mut()
+                            && !said.insert((key.clone(), text.clone()))
+                        {
+                            continue;
+                        }
+                        parts.push(format!("{key}: {text}"));
                     }
-                }
-                if !part.is_empty() {
-                    if !first {
-                        out.push_str(", ");
-                    }
-                    out.push_str(&part);
-                    first = false;
                 }
             }
+            out.push_str(&parts.join(", "));
         }
         Value::Array(items) => {
-            let mut first = true;
             for item in items {
                 let mut part = String::new();
                 match item {
-                    Value::Object(_) | Value::Array(_) => render_into(item, None, skip, &mut part),
+                    Value::Object(_) => render_into(item, None, skip, said, &mut part),
+                    Value::Array(_) => {
+                        render_into(item, None, skip, said, &mut part);
+                        if !part.is_empty() {
+                            part = format!("[{part}]");
+                        }
+                    }
                     scalar => {
                         if let Some(text) = scalar_identifier(scalar)
                             && !skip(&text)
@@ -173,19 +219,10 @@ fn render_into(value: &Value, parent_key: Option<&str>, skip: &dyn Fn(&str) -> b
                     }
                 }
                 if !part.is_empty() {
-                    if !first {
-                        out.push_str("; ");
-                    }
-                    if item.is_array() {
-                        out.push('[');
-                        out.push_str(&part);
-                        out.push(']');
-                    } else {
-                        out.push_str(&part);
-                    }
-                    first = false;
+                    parts.push(part);
                 }
             }
+            out.push_str(&parts.join("; "));
         }
         scalar => {
             if let Some(text) = scalar_identifier(scalar)

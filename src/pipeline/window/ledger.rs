@@ -9,7 +9,9 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::openai::{Message, Role};
-use crate::pipeline::identifiers::{call_label, parse_json, render_labelled, text_identifiers};
+use crate::pipeline::identifiers::{
+    call_label, is_strong_identifier, parse_json, render_labelled_once, text_identifiers,
+};
 use crate::tokens::TokenCounter;
 
 /// One source of identifiers.
@@ -17,6 +19,8 @@ struct Group {
     /// Position of its message in the conversation (for order and recency).
     position: usize,
     text: String,
+    /// The same with only the strong identifiers (codes, ids, emails), for when the cap bites.
+    strong: String,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
@@ -55,6 +59,7 @@ pub fn lines(
         return Vec::new();
     }
     let skip = |value: &str| shown.contains(value);
+    let skip_weak = |value: &str| shown.contains(value) || !is_strong_identifier(value);
     let last_mention = |values: &[String], position: usize| {
         values
             .iter()
@@ -78,21 +83,24 @@ pub fn lines(
                 if id.is_some_and(|id| answered.contains(id)) {
                     continue;
                 }
-                let text = render_content(&content_text(message), &skip);
+                let content = content_text(message);
+                let text = render_content(&content, &skip);
                 if !text.is_empty() {
-                    let values = text_identifiers(&content_text(message));
+                    let values = text_identifiers(&content);
                     groups.push(Group {
                         position,
                         last_mention: last_mention(&values, position),
                         text: format!("tool result: {text}"),
+                        strong: format!("tool result: {}", render_content(&content, &skip_weak)),
                     });
                 }
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
-                let own = render_content(&content_text(message), &skip);
+                let content = content_text(message);
+                let own = render_content(&content, &skip);
                 if !own.is_empty() {
-                    let values = text_identifiers(&content_text(message));
+                    let values = text_identifiers(&content);
                     let role = if message.role == Role::User {
                         "user"
                     } else {
@@ -102,6 +110,7 @@ pub fn lines(
                         position,
                         last_mention: last_mention(&values, position),
                         text: format!("{role}: {own}"),
+                        strong: format!("{role}: {}", render_content(&content, &skip_weak)),
                     });
                 }
                 for call in message.tool_calls() {
@@ -110,19 +119,21 @@ pub fn lines(
                         answered.insert(call.id.as_str());
                     }
                     let result_text = result.map(|m| content_text(m)).unwrap_or_default();
-                    let found = render_content(&result_text, &skip);
                     let mut values = text_identifiers(&call.function.arguments);
                     values.extend(text_identifiers(&result_text));
                     let label = call_label(&call.function.name, &call.function.arguments);
-                    let text = if found.is_empty() {
-                        label
-                    } else {
-                        format!("{label} → {found}")
+                    let with = |found: String| {
+                        if found.is_empty() {
+                            label.clone()
+                        } else {
+                            format!("{label} → {found}")
+                        }
                     };
                     groups.push(Group {
                         position,
                         last_mention: last_mention(&values, position),
-                        text,
+                        text: with(render_content(&result_text, &skip)),
+                        strong: with(render_content(&result_text, &skip_weak)),
                     });
                 }
             }
@@ -137,7 +148,7 @@ fn render_content(content: &str, skip: &dyn Fn(&str) -> bool) -> String {
         return String::new();
     }
     match parse_json(content) {
-        Some(value) => render_labelled(&value, skip),
+        Some(value) => render_labelled_once(&value, skip),
         None => {
             let mut seen = HashSet::new();
             text_identifiers(content)
@@ -149,24 +160,42 @@ fn render_content(content: &str, skip: &dyn Fn(&str) -> bool) -> String {
     }
 }
 
-/// The most recently mentioned groups that fit `max_tokens`, in conversation order; a group
-/// that does not fit whole is cut between two values.
-fn select(groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
+/// The groups within `max_tokens`, in conversation order. When the cap bites, the groups
+/// mentioned least recently keep only their strong identifiers first; then the most recently
+/// mentioned groups that fit stay, and one that does not fit whole is cut between two values.
+fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
+    // Least important first.
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
         let (a, b) = (&groups[a], &groups[b]);
-        b.last_mention
-            .cmp(&a.last_mention)
-            .then(b.position.cmp(&a.position))
+        a.last_mention
+            .cmp(&b.last_mention)
+            .then(a.position.cmp(&b.position))
     });
+    // "- " and the newline of each line.
+    let mut tokens: Vec<usize> = groups.iter().map(|g| counter.text(&g.text) + 2).collect();
+    let mut total: usize = tokens.iter().sum();
+    for &index in &order {
+        if total <= max_tokens {
+            break;
+        }
+        let group = &mut groups[index];
+        if group.strong.len() < group.text.len() {
+            group.text = std::mem::take(&mut group.strong);
+            let strong = counter.text(&group.text) + 2;
+            total = total - tokens[index] + strong.min(tokens[index]);
+            tokens[index] = strong;
+        }
+    }
+    if total <= max_tokens {
+        return groups.into_iter().map(|g| g.text).collect();
+    }
     let mut left = max_tokens;
     let mut kept: Vec<(usize, String)> = Vec::new();
-    for index in order {
+    for &index in order.iter().rev() {
         let text = &groups[index].text;
-        // "- " and the newline.
-        let tokens = counter.text(text) + 2;
-        if tokens <= left {
-            left -= tokens;
+        if tokens[index] <= left {
+            left -= tokens[index];
             kept.push((index, text.clone()));
         } else if left >= MIN_PARTIAL_TOKENS {
             let cut = cut_to_tokens(text, left - 2, counter);

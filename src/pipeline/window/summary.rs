@@ -1,6 +1,6 @@
 //! Key-value summaries of 3-turn segments (seed 002 §2.4: structured, never narrative), made
 //! without any model: topic and discussed words by frequency, the outcome and decisions copied
-//! from the text, open questions, and the identifiers mentioned. Each is at most
+//! from the text, and open questions. Identifiers go to the ledger (`ledger.rs`), word for word. Each is at most
 //! `segment_max_tokens` tokens, and a segment's summary depends only on its own turns, so it
 //! never changes once written (write-once).
 
@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::turns::Turn;
 use crate::openai::{Message, Role};
 use crate::pipeline::StageCx;
-use crate::pipeline::text::{content_words, identifiers, normalize, sentences, truncate_words};
+use crate::pipeline::text::{content_words, normalize, sentences, truncate_words};
 use crate::tokens::hash_message;
 
 pub struct Segment {
@@ -156,24 +156,6 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
         .take(2)
         .collect();
     let open_questions: Vec<String> = open_questions(turns);
-    let mut ids: Vec<String> = Vec::new();
-    let sources = user_texts
-        .iter()
-        .cloned()
-        .chain(
-            messages
-                .iter()
-                .flat_map(|m| m.tool_calls().iter().map(|c| c.function.arguments.clone())),
-        )
-        .chain(assistant_texts.iter().cloned());
-    for text in sources {
-        for id in identifiers(&text) {
-            if !ids.contains(&id) {
-                ids.push(id);
-            }
-        }
-    }
-
     let last_turn = first_turn + turns.len() - 1;
     let mut fields = Fields {
         turns: if first_turn == last_turn {
@@ -186,7 +168,6 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
         outcome,
         decisions,
         open_questions,
-        ids,
     };
     fields.fit(cx.config.window.segment_max_tokens, cx)
 }
@@ -232,7 +213,6 @@ struct Fields {
     outcome: String,
     decisions: Vec<String>,
     open_questions: Vec<String>,
-    ids: Vec<String>,
 }
 
 impl Fields {
@@ -261,7 +241,6 @@ impl Fields {
             json!(self.open_questions),
             self.open_questions.is_empty(),
         );
-        put("ids", json!(self.ids), self.ids.is_empty());
         Value::Object(map).to_string()
     }
 
@@ -290,9 +269,7 @@ impl Fields {
 
     /// Drops the least important remaining detail; false when nothing is left to drop.
     fn drop_detail(&mut self) -> bool {
-        if self.ids.len() > 4 {
-            self.ids.pop();
-        } else if self.discussed.len() > 2 {
+        if self.discussed.len() > 2 {
             self.discussed.pop();
         } else if !self.decisions.is_empty() {
             self.decisions.pop();
@@ -300,8 +277,6 @@ impl Fields {
             self.open_questions.pop();
         } else if self.outcome.split_whitespace().count() > 6 {
             self.outcome = truncate_words(self.outcome.trim_end_matches('…'), 6);
-        } else if !self.ids.is_empty() {
-            self.ids.pop();
         } else if !self.discussed.is_empty() {
             self.discussed.pop();
         } else if !self.outcome.is_empty() {
