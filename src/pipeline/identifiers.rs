@@ -113,10 +113,11 @@ pub fn text_identifiers(content: &str) -> Vec<String> {
     }
 }
 
-/// Words of 3 to 8 capitals (`PHL`, `ORD`, `SFO`): airport, currency and other codes.
+/// Words of three capitals (`PHL`, `ORD`, `EUR`): airport, currency and country codes.
+/// Longer capital words are mostly acronyms and shouting in prose.
 fn capital_codes(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| (3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_uppercase()))
+        .filter(|w| w.len() == 3 && w.chars().all(|c| c.is_ascii_uppercase()))
         .map(str::to_owned)
 }
 
