@@ -43,14 +43,16 @@ enum Command {
         #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
         config: PathBuf,
     },
-    /// Run the pipeline over recorded requests (JSONL) and report the savings per stage.
+    /// Run the pipeline over recorded requests (JSONL) and report the savings per stage and,
+    /// with the answers the model gave, the fidelity of the rewrites (per file and overall).
     Analyze {
-        /// One request body, or one `{"request": …}` object, per line.
+        /// One request body, or one `{"request": …}` object (a recording), per line.
+        /// `FILE.meta.jsonl` beside a file gives the recorded answers.
         #[arg(required_unless_present = "growth")]
-        file: Option<PathBuf>,
+        files: Vec<PathBuf>,
         /// Instead of a file, report the tokens sent for one synthetic agent conversation at
         /// 10, 20, 50 and 100 turns (the window keeps this flat).
-        #[arg(long, conflicts_with = "file")]
+        #[arg(long, conflicts_with = "files")]
         growth: bool,
         /// The file holds labelled question pairs (`{"a","b","duplicate"}`): report the
         /// precision and recall of the dedup decision at `--threshold`.
@@ -67,6 +69,10 @@ enum Command {
         /// called, with the classifier's scores (needs FILE.meta.jsonl).
         #[arg(long)]
         misses: bool,
+        /// Also print every identifier of a recorded answer that a rewrite lost: the request,
+        /// the message it was in, and the stage that removed it.
+        #[arg(long)]
+        losses: bool,
     },
     /// Replay recorded chat requests against a target as a load test, and summarize.
     Replay {
@@ -207,13 +213,14 @@ fn main() -> ExitCode {
             run_async(serve(loaded))
         }
         Command::Analyze {
-            file,
+            files,
             growth,
             pairs,
             threshold,
             config,
             json,
             misses,
+            losses,
         } => {
             let loaded = match Config::load(&config) {
                 Ok(loaded) => loaded,
@@ -221,7 +228,7 @@ fn main() -> ExitCode {
             };
             let tokenizers = ctxproxy::tokens::Tokenizers::default();
             tokenizers.warm_up();
-            let Some(file) = file.filter(|_| !growth) else {
+            if growth || files.is_empty() {
                 let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
                 if json {
                     println!(
@@ -232,54 +239,76 @@ fn main() -> ExitCode {
                     print!("{}", ctxproxy::analyze::render_growth(&rows));
                 }
                 return ExitCode::SUCCESS;
-            };
-            let reader = match std::fs::File::open(&file) {
-                Ok(f) => std::io::BufReader::new(f),
-                Err(e) => {
-                    eprintln!("cannot read {}: {e}", file.display());
-                    return ExitCode::FAILURE;
-                }
+            }
+            let open = |file: &PathBuf| {
+                std::fs::File::open(file)
+                    .map(std::io::BufReader::new)
+                    .map_err(|e| eprintln!("cannot read {}: {e}", file.display()))
             };
             if pairs {
-                return match ctxproxy::analyze::dedup_pairs(reader, threshold) {
-                    Ok(eval) => {
-                        println!(
+                for file in &files {
+                    let Ok(reader) = open(file) else {
+                        return ExitCode::FAILURE;
+                    };
+                    match ctxproxy::analyze::dedup_pairs(reader, threshold) {
+                        Ok(eval) => println!(
                             "{}",
                             serde_json::to_string_pretty(&eval).unwrap_or_default()
-                        );
-                        ExitCode::SUCCESS
+                        ),
+                        Err(e) => {
+                            eprintln!("cannot read {}: {e}", file.display());
+                            return ExitCode::FAILURE;
+                        }
                     }
+                }
+                return ExitCode::SUCCESS;
+            }
+            let mut analyses = Vec::new();
+            for file in &files {
+                let Ok(reader) = open(file) else {
+                    return ExitCode::FAILURE;
+                };
+                // The recording's meta file (FILE.meta.jsonl) gives the recorded answers.
+                let meta = std::fs::File::open(file.with_extension("meta.jsonl"))
+                    .ok()
+                    .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
+                match ctxproxy::analyze::analyze(reader, meta, &loaded, &tokenizers) {
+                    Ok(analysis) => analyses.push((file.display().to_string(), analysis)),
                     Err(e) => {
                         eprintln!("cannot read {}: {e}", file.display());
-                        ExitCode::FAILURE
+                        return ExitCode::FAILURE;
                     }
-                };
-            }
-            // The recording's meta file (FILE.meta.jsonl) gives tool recall.
-            let meta_path = file.with_extension("meta.jsonl");
-            let meta = std::fs::File::open(&meta_path)
-                .ok()
-                .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
-            match ctxproxy::analyze::analyze(reader, meta, &loaded, &tokenizers) {
-                Ok(analysis) if json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&analysis).unwrap_or_default()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Ok(analysis) => {
-                    print!("{}", analysis.render());
-                    if misses {
-                        print!("{}", analysis.render_misses());
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("cannot read {}: {e}", file.display());
-                    ExitCode::FAILURE
                 }
             }
+            if json {
+                let files: serde_json::Map<String, serde_json::Value> = analyses
+                    .iter()
+                    .map(|(name, a)| (name.clone(), serde_json::to_value(a).unwrap_or_default()))
+                    .collect();
+                let report = serde_json::json!({
+                    "files": files,
+                    "fidelity": ctxproxy::analyze::fidelity_total(&analyses),
+                });
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+                return ExitCode::SUCCESS;
+            }
+            for (name, analysis) in &analyses {
+                if analyses.len() > 1 {
+                    println!("== {name}");
+                }
+                print!("{}", analysis.render());
+                if misses {
+                    print!("{}", analysis.render_misses());
+                }
+            }
+            print!("{}", ctxproxy::analyze::render_fidelity(&analyses));
+            if losses {
+                print!("{}", ctxproxy::analyze::render_losses(&analyses));
+            }
+            ExitCode::SUCCESS
         }
         Command::Replay {
             files,

@@ -443,35 +443,60 @@ mod tests {
         .collect()
     }
 
+    fn pruning<'a>(keep: &'a HashSet<&'a str>) -> Rules<'a> {
+        Rules {
+            keep: Some(keep),
+            max_string_chars: 300,
+            list_cap: usize::MAX,
+        }
+    }
+
     #[test]
-    fn json_keeps_identifying_fields_and_flattens_logins() {
+    fn json_keeps_identifying_fields_flattens_logins_and_keeps_every_identifier() {
         let repo = json!({"id": 1296269, "name": "Hello-World", "full_name": "octocat/Hello-World",
             "owner": {"login": "octocat", "id": 1, "avatar_url": "https://x"}, "private": false,
             "html_url": "https://github.com/octocat/Hello-World", "description": null,
-            "forks_url": "https://api.github.com/repos/octocat/Hello-World/forks", "size": 108});
-        let out = compact_value(&repo, &keep(), 300, usize::MAX);
+            "forks_url": "https://api.github.com/repos/octocat/Hello-World/forks", "size": 108,
+            "pushed_at": "2011-01-26T19:06:43Z", "visibility": "public"});
+        let keep = keep();
+        let out = compact_value(&repo, &pruning(&keep));
         assert_eq!(
             out,
             json!({"id": 1296269, "name": "Hello-World", "full_name": "octocat/Hello-World",
-            "owner": "octocat", "html_url": "https://github.com/octocat/Hello-World"})
+            "owner": "octocat", "html_url": "https://github.com/octocat/Hello-World",
+            "size": 108, "pushed_at": "2011-01-26T19:06:43Z"})
         );
     }
 
     #[test]
-    fn lists_are_cut_by_whole_items_to_fit() {
+    fn lossless_compaction_keeps_every_identifier_and_number() {
+        let order = json!({"order_id": "#W9348897", "note": null, "tags": [],
+            "items": [{"item_id": "6117189161", "price": 481.5, "qty": 1, "available": true,
+                "review": "word ".repeat(100)}]});
+        let params = Params::from_config(&PipelineConfig::default());
+        let out = compact_value(&order, &Rules::lossless(&params));
+        assert_eq!(out["order_id"], "#W9348897");
+        assert_eq!(out["items"][0]["item_id"], "6117189161");
+        assert_eq!(out["items"][0]["price"], 481.5);
+        assert_eq!(out["items"][0]["qty"], 1);
+        assert_eq!(out["items"][0]["available"], true);
+        assert!(out.get("note").is_none() && out.get("tags").is_none());
+        assert!(out["items"][0]["review"].as_str().unwrap().ends_with(" …"));
+    }
+
+    #[test]
+    fn lists_are_cut_by_whole_items_to_fit_and_name_what_they_left_out() {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let items: Vec<Value> = (0..200)
             .map(|i| json!({"id": i, "name": format!("repo-{i}"), "junk": "x".repeat(50)}))
             .collect();
-        let params = Params {
-            tool_result_max_tokens: 200,
-            ..Params::from_config(&PipelineConfig::default())
-        };
-        let out = compact_json_to_fit(&Value::Array(items), &keep(), &params, &counter);
-        assert!(counter.text(&out) <= 200, "{out}");
+        let params = Params::from_config(&PipelineConfig::default());
+        let out = compact_json_to_fit(&Value::Array(items), &keep(), 300, &params, &counter);
+        assert!(counter.text(&out) <= 300, "{out}");
         let parsed: Vec<Value> = serde_json::from_str(&out).unwrap();
         let marker = parsed.last().unwrap().as_str().unwrap();
-        assert!(marker.starts_with("(showing ") && marker.ends_with(" of 200)"));
+        assert!(marker.starts_with("(showing "), "{marker}");
+        assert!(marker.contains(" of 200; identifiers in the others: "), "{marker}");
         assert_eq!(parsed[0], json!({"id": 0, "name": "repo-0"}));
     }
 
@@ -481,17 +506,15 @@ mod tests {
             "{} https://example.com/a/very/long/path/that/must/not/change end",
             "word ".repeat(70)
         );
-        let out = compact_value(&Value::String(long.clone()), &keep(), 300, usize::MAX);
+        let keep = keep();
+        let out = compact_value(&Value::String(long.clone()), &pruning(&keep));
         let out = out.as_str().unwrap();
         assert!(out.ends_with(" …"));
         for id in identifiers(out) {
             assert!(long.contains(&id));
         }
         let url = "https://example.com/".repeat(30);
-        assert_eq!(
-            compact_value(&json!(url), &keep(), 300, usize::MAX),
-            json!(url)
-        );
+        assert_eq!(compact_value(&json!(url), &pruning(&keep)), json!(url));
     }
 
     #[test]
@@ -507,25 +530,68 @@ mod tests {
         assert!(counter.text(&out) < 400);
     }
 
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        serde_json::from_value(json!({"id": "c1", "type": "function",
+            "function": {"name": name, "arguments": arguments}}))
+        .unwrap()
+    }
+
     #[test]
-    fn stub_keeps_the_first_line() {
-        assert_eq!(stub("{\"id\": 1}\nmore"), "[Previous result: {\"id\": 1}]");
-        let long = "word ".repeat(40);
-        assert!(stub(&long).ends_with(" …]"));
+    fn a_stub_names_the_call_and_lists_what_the_result_held() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let call = call("get_order_details", r##"{"order_id": "#W9348897"}"##);
+        let result = r##"{"order_id": "#W9348897", "status": "pending", "items": [{"name": "Action Camera", "item_id": "6117189161", "price": 481.5, "color": "silver"}, {"name": "Desk Lamp", "item_id": "7453605304", "price": 150.01, "color": "silver"}], "payment_method_id": "credit_card_8853416"}"##;
+        assert_eq!(
+            stub(Some(&call), result, 200, &counter),
+            "[get_order_details(order_id: #W9348897) result cleared; it held: order_id: #W9348897, items: [name: Action Camera, item_id: 6117189161, price: 481.5; name: Desk Lamp, item_id: 7453605304, price: 150.01], payment_method_id: credit_card_8853416]"
+        );
+        // Bounded: cut between two values.
+        let short = stub(Some(&call), result, 30, &counter);
+        assert!(counter.text(&short) <= 30, "{short}");
+        assert!(short.ends_with(" …]") && short.contains("order_id: #W9348897"), "{short}");
+        // Text results list their identifiers; a result without any keeps its first line.
+        assert_eq!(
+            stub(None, "Booked HAT045 for 2024-05-01\nok", 200, &counter),
+            "[Previous result cleared; it held: HAT045, 2024-05-01]"
+        );
+        assert_eq!(
+            stub(None, "{\n  \"done\": true\n}", 200, &counter),
+            "[Previous result cleared: \"done\": true]"
+        );
     }
 }
 
 #[cfg(test)]
-mod current_turn_tests {
+mod working_set_tests {
     use super::*;
     use crate::pipeline::{Params, PipelineConfig};
     use crate::tokens::Encoding;
 
-    #[test]
-    fn results_of_the_current_turn_are_never_cleared() {
-        let result = |city: &str| {
-            format!("{{\n  \"city\": \"{city}\",\n  \"forecast\": \"sunny all week long\"\n}}")
+    fn run(request: &ChatRequest) -> Option<Vec<Message>> {
+        let config = PipelineConfig::default();
+        let params = Params::from_config(&config);
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let cx = StageCx {
+            config: &config,
+            params: &params,
+            counter: &counter,
+            memo: &crate::pipeline::Memo::default(),
+            sticky_categories: &[],
+            original_messages: &request.messages,
         };
+        CompactStage.apply(request, &cx).messages
+    }
+
+    fn result(city: &str) -> String {
+        format!(
+            "{{\n  \"city\": \"{city}\",\n  \"code\": \"{}X1\",\n  \"forecast\": \"{}\"\n}}",
+            &city[..2],
+            "sunny and mild all week long, with a light breeze in the afternoons ".repeat(3)
+        )
+    }
+
+    #[test]
+    fn the_latest_steps_are_never_cleared() {
         let calls: Vec<Value> = ["a", "b", "c", "d"]
             .iter()
             .map(|id| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}))
@@ -539,21 +605,30 @@ mod current_turn_tests {
             {"role": "tool", "tool_call_id": "d", "content": result("Kyiv")}
         ]}))
         .unwrap();
-        let config = PipelineConfig::default();
-        let params = Params::from_config(&config);
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let cx = StageCx {
-            config: &config,
-            params: &params,
-            counter: &counter,
-            memo: &crate::pipeline::Memo::default(),
-            sticky_categories: &[],
-            original_messages: &request.messages,
-        };
-        assert!(CompactStage.apply(&request, &cx).messages.is_none());
+        assert!(run(&request).is_none());
+    }
+
+    #[test]
+    fn older_steps_of_a_long_loop_become_stubs_with_their_identifiers() {
+        let mut messages = vec![json!({"role": "user", "content": "Check every city"})];
+        let cities = ["Rome", "Oslo", "Lima", "Kyiv", "Baku", "Doha", "Riga"];
+        for (i, city) in cities.iter().enumerate() {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
+                "type": "function", "function": {"name": "weather", "arguments": format!("{{\"city\": \"{city}\"}}")}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result(city)}));
+        }
+        let request: ChatRequest =
+            serde_json::from_value(json!({"model": "m", "messages": messages})).unwrap();
+        let out = run(&request).expect("older results cleared");
+        let text = |i: usize| out[i].content.get().unwrap().text().into_owned();
+        // Results of the first three calls are stubs; the last four are the working set.
         assert_eq!(
-            stub(&result("Rome")),
-            "[Previous result: \"city\": \"Rome\",]"
+            text(2),
+            "[weather(city: Rome) result cleared; it held: city: Rome, code: RoX1]"
         );
+        assert!(text(6).starts_with("[weather(city: Lima) result cleared"));
+        for i in [8, 10, 12, 14] {
+            assert_eq!(out[i], request.messages[i]);
+        }
     }
 }

@@ -261,10 +261,32 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     }
 }
 
+/// The request after each stage of a first pass (before the budget), to tell which stage
+/// removed something (`ctxproxy analyze --losses`).
+pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(&'static str, ChatRequest)> {
+    let mut snapshots = Vec::new();
+    run_stages_into(
+        request,
+        env,
+        &Params::from_config(env.config),
+        Some(&mut snapshots),
+    );
+    snapshots
+}
+
 fn run_stages<'a>(
     request: &'a ChatRequest,
     env: &Env<'_>,
     params: &Params,
+) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
+    run_stages_into(request, env, params, None)
+}
+
+fn run_stages_into<'a>(
+    request: &'a ChatRequest,
+    env: &Env<'_>,
+    params: &Params,
+    mut snapshots: Option<&mut Vec<(&'static str, ChatRequest)>>,
 ) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
     let (config, counter) = (env.config, env.counter);
     let cx = StageCx {
@@ -314,6 +336,9 @@ fn run_stages<'a>(
             report.applied = true;
             report.tokens_after = tokens;
             current = Cow::Owned(owned);
+        }
+        if let Some(snapshots) = snapshots.as_deref_mut() {
+            snapshots.push((stage.name(), current.clone().into_owned()));
         }
         reports.push(report);
     }

@@ -1,6 +1,10 @@
 //! `ctxproxy analyze FILE.jsonl`: runs the pipeline over recorded requests (one request body,
 //! or one `{"request": …}` object, per line) and reports what each stage saves, in total and
-//! per request, with the pipeline's own time. No upstream is called.
+//! per request, with the pipeline's own time. No upstream is called. With the answers the
+//! model really gave (`FILE.meta.jsonl`, or the `response` of a `[record]` recording) it also
+//! reports fidelity: what the rewrites lost that the answer used (`fidelity.rs`).
+
+pub mod fidelity;
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -38,6 +42,8 @@ pub struct Analysis {
     pub pipeline_micros: Percentiles,
     /// With the recording's meta file: did tool filtering keep the tools the model called?
     pub tools: ToolFiltering,
+    /// Identifiers of the recorded answers kept, next tool kept, invalid rewrites, losses.
+    pub fidelity: fidelity::Fidelity,
 }
 
 /// Tool recall and tool-definition savings (needs `response_tool_names` from a meta file).
@@ -104,13 +110,16 @@ impl Percentiles {
     }
 }
 
-fn request_of(line: &str) -> Option<ChatRequest> {
+/// The request of a line (a body, or a recording's `request`), and the recording's answer.
+fn request_of(line: &str) -> Option<(ChatRequest, Option<fidelity::Answer>)> {
     let value: Value = serde_json::from_str(line).ok()?;
-    let body = match value.get("request") {
-        Some(inner) if inner.is_object() => inner.clone(),
-        _ => value,
-    };
-    serde_json::from_value(body).ok()
+    match value.get("request") {
+        Some(inner) if inner.is_object() => Some((
+            serde_json::from_value(inner.clone()).ok()?,
+            fidelity::Answer::from_recording(&value),
+        )),
+        _ => Some((serde_json::from_value(value).ok()?, None)),
+    }
 }
 
 /// Tokens of the leading system/developer messages, and of the history after them.
@@ -135,24 +144,6 @@ fn prompt_split(request: &ChatRequest, tokenizers: &Tokenizers) -> (u64, u64) {
 
 /// Turns (user messages) from which a request counts as a long conversation.
 const LONG_CONVERSATION_TURNS: usize = 20;
-
-/// The tools the recorded answer called (`response_tool_names` of a meta line; for scaffolded
-/// conversations without a recorded answer, `scaffold_expected_next_tool`).
-fn called_tools(meta_line: Option<&str>) -> Vec<String> {
-    let Some(meta) = meta_line.and_then(|l| serde_json::from_str::<Value>(l).ok()) else {
-        return Vec::new();
-    };
-    if let Some(names) = meta
-        .get("response_tool_names")
-        .and_then(|n| serde_json::from_value::<Vec<String>>(n.clone()).ok())
-    {
-        return names;
-    }
-    meta.get("scaffold_expected_next_tool")
-        .and_then(Value::as_str)
-        .map(|name| vec![name.to_owned()])
-        .unwrap_or_default()
-}
 
 fn tool_names(request: &ChatRequest) -> Vec<&str> {
     request
@@ -186,26 +177,35 @@ pub fn analyze(
         if line.trim().is_empty() {
             continue;
         }
-        let Some(request) = request_of(&line) else {
+        let Some((request, recorded)) = request_of(&line) else {
             analysis.skipped_lines += 1;
             continue;
         };
+        let meta_value = meta_line
+            .as_deref()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok());
+        let answer = recorded.or_else(|| meta_value.as_ref().and_then(fidelity::Answer::from_meta));
         let counter = tokenizers.for_model(&request.model, None);
         let started = Instant::now();
         // The store would hold the categories of the previous turn's tools.
         let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
-        let rewrite = pipeline::run(
-            &request,
-            &pipeline::Env {
-                config: &config.pipeline,
-                counter,
-                memo: &memo,
-                budget: config.pipeline.budget.max_tokens,
-                sticky_categories: &sticky,
-                reinforcement: None,
-            },
-        );
+        let env = pipeline::Env {
+            config: &config.pipeline,
+            counter,
+            memo: &memo,
+            budget: config.pipeline.budget.max_tokens,
+            sticky_categories: &sticky,
+            reinforcement: None,
+        };
+        let rewrite = pipeline::run(&request, &env);
         micros.push(started.elapsed().as_secs_f64() * 1e6);
+        analysis.fidelity.measure(
+            index as u64,
+            &request,
+            &rewrite,
+            answer.as_ref(),
+            &|| pipeline::stage_snapshots(&request, &env),
+        );
         let report = &rewrite.report;
         analysis.requests += 1;
         analysis.tokens_before += report.tokens_before as u64;
@@ -233,7 +233,10 @@ pub fn analyze(
         let offered = tool_names(&request);
         let sent = tool_names(&rewrite.request);
         let tools = &mut analysis.tools;
-        let called = called_tools(meta_line.as_deref());
+        let called = answer
+            .as_ref()
+            .map(|a| a.expected_tools.clone())
+            .unwrap_or_default();
         if !called.is_empty() {
             let kept = called.iter().filter(|c| sent.contains(&c.as_str())).count() as u64;
             if kept < called.len() as u64 {
@@ -279,6 +282,101 @@ pub fn analyze(
     }
     analysis.pipeline_micros = Percentiles::of(micros);
     Ok(analysis)
+}
+
+/// The fidelity of every file together.
+pub fn fidelity_total(analyses: &[(String, Analysis)]) -> fidelity::Fidelity {
+    let mut total = fidelity::Fidelity::default();
+    for (_, analysis) in analyses {
+        total.add(&analysis.fidelity);
+    }
+    total
+}
+
+/// One table: per file and overall, reduction, answer identifiers kept, next tool kept,
+/// invalid rewrites, last user message changed, over budget (by the part of the floor over).
+pub fn render_fidelity(analyses: &[(String, Analysis)]) -> String {
+    let total = fidelity_total(analyses);
+    let mut rows: Vec<(String, &fidelity::Fidelity)> = analyses
+        .iter()
+        .map(|(name, a)| {
+            let base = std::path::Path::new(name)
+                .file_name()
+                .map_or_else(|| name.clone(), |f| f.to_string_lossy().into_owned());
+            (base, &a.fidelity)
+        })
+        .collect();
+    rows.push(("all".to_owned(), &total));
+    let share = |p: Option<f64>, a: u64, b: u64| {
+        p.map_or_else(|| "-".to_owned(), |p| format!("{p:.1}% ({a}/{b})"))
+    };
+    let mut table = vec![[
+        "file".to_owned(),
+        "requests".to_owned(),
+        "reduction".to_owned(),
+        "ids kept".to_owned(),
+        "next tool kept".to_owned(),
+        "invalid".to_owned(),
+        "last user changed".to_owned(),
+        "over budget (system/tools/working set)".to_owned(),
+    ]];
+    for (name, f) in &rows {
+        let part = |p: &str| f.over_budget_by_part.get(p).copied().unwrap_or(0);
+        table.push([
+            name.clone(),
+            f.requests.to_string(),
+            f.reduction().map_or_else(|| "-".to_owned(), |r| format!("{r:.1}%")),
+            share(f.ids_kept_percent(), f.ids_kept, f.ids),
+            share(f.next_tools_kept_percent(), f.next_tools_kept, f.next_tools),
+            f.invalid.to_string(),
+            f.last_user_changed.to_string(),
+            format!(
+                "{} ({}/{}/{})",
+                f.over_budget,
+                part("system"),
+                part("tools"),
+                part("working_set")
+            ),
+        ]);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::from("fidelity\n");
+    for row in &table {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, v)| {
+                if c == 0 {
+                    format!("{v:<w$}", w = widths[c])
+                } else {
+                    format!("{v:>w$}", w = widths[c])
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Every identifier a rewrite lost, one line each.
+pub fn render_losses(analyses: &[(String, Analysis)]) -> String {
+    let mut out = String::new();
+    for (name, analysis) in analyses {
+        for loss in &analysis.fidelity.losses {
+            out.push_str(&format!(
+                "lost {name}:{}  {:?}  in {} message {}  by {}\n",
+                loss.index,
+                loss.id,
+                loss.role.as_deref().unwrap_or("-"),
+                loss.from_end.map_or_else(|| "-".to_owned(), |k| k.to_string()),
+                loss.stage
+            ));
+        }
+    }
+    out
 }
 
 /// Tokens sent for one synthetic conversation cut at a number of turns.
