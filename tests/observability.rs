@@ -58,8 +58,7 @@ fn add_usage(total: &mut (u64, u64), body: &str) {
 }
 
 /// Dedup on, and a price for gpt-4o (2.50 USD per million input tokens).
-const CONFIG: &str =
-    "[cache.dedup]\nenabled = true\n[prices]\n\"gpt-4o\" = { input = 2.5, output = 10.0 }\n";
+const CONFIG: &str = "[cache.dedup]\nenabled = true\n[prices]\n\"gpt-4o\" = { input = 2.5, output = 10.0 }\n[pipeline.budget]\non_exceed = \"reject\"\n";
 
 /// What the mix sent: the sum of the tokens-before − after headers, and the usage the upstream
 /// reported (prompt, completion).

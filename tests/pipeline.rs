@@ -81,7 +81,7 @@ async fn optimize_sends_the_rewritten_request_and_reports_counts() {
     assert!(
         result.contains("\"owner\":\"acme\"") && result.contains("https://example.com/trips/0")
     );
-    assert!(result.contains("of 150)"));
+    assert!(result.contains(" of 150; identifiers in the others: "));
 }
 
 #[tokio::test]
@@ -148,12 +148,71 @@ fn sum_of(metrics: &str, name: &str, labels: &[(&str, &str)]) -> usize {
 }
 
 #[tokio::test]
-async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
+async fn over_the_floor_is_forwarded_flagged_by_default_or_refused_by_policy() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
     let body = common::long_conversation();
-    let refused = send(
+    // Default: the floor (system, tools, working set, ledger) is sent, flagged and counted.
+    let forwarded = send(
         &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-budget", "20")],
+    )
+    .await;
+    assert_eq!(forwarded.status(), 200);
+    let (_, after) = counts(&forwarded);
+    let over: usize = forwarded.headers()["x-ctxproxy-over-budget"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(over, after - 20);
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), 1);
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        sum_of(
+            &metrics,
+            "ctxproxy_budget_outcomes_total",
+            &[("outcome", "over_floor")]
+        ),
+        1,
+        "{metrics}"
+    );
+    // Explain says which part of the floor is over.
+    let explained: Value = reqwest::Client::new()
+        .post(proxy.url("/v1/ctxproxy/explain"))
+        .header("x-ctxproxy-budget", "20")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(explained["over_budget"]["tokens_over"], over);
+    assert_eq!(explained["over_budget"]["part"], "system");
+    assert!(
+        explained["over_budget"]["floor"]["working_set"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    // A budget the stages can reach: the tighter steps run, the request fits, no flag.
+    let fitted = send(
+        &proxy.url("/v1/chat/completions"),
+        &body,
+        &[("x-ctxproxy-budget", "900")],
+    )
+    .await;
+    assert_eq!(fitted.status(), 200);
+    let (_, after) = counts(&fitted);
+    assert!(after <= 900, "{after}");
+    assert!(fitted.headers().get("x-ctxproxy-over-budget").is_none());
+
+    let rejecting = proxy_for(&mock, "[pipeline.budget]\non_exceed = \"reject\"\n").await;
+    let refused = send(
+        &rejecting.url("/v1/chat/completions"),
         &body,
         &[("x-ctxproxy-budget", "20")],
     )
@@ -167,37 +226,7 @@ async fn over_budget_is_refused_with_the_counts_or_forwarded_by_policy() {
             .unwrap()
             .contains("budget of 20")
     );
-    assert_eq!(MockStats::get(&mock.stats.chat_requests), 0);
-
-    // A budget the stages can reach: the tighter steps run and the request fits.
-    let fitted = send(
-        &proxy.url("/v1/chat/completions"),
-        &body,
-        &[("x-ctxproxy-budget", "900")],
-    )
-    .await;
-    assert_eq!(fitted.status(), 200);
-    let (_, after) = counts(&fitted);
-    assert!(after <= 900, "{after}");
-
-    let forwarding = proxy_for(&mock, "[pipeline.budget]\non_exceed = \"forward\"\n").await;
-    let forwarded = send(
-        &forwarding.url("/v1/chat/completions"),
-        &body,
-        &[("x-ctxproxy-budget", "20")],
-    )
-    .await;
-    assert_eq!(forwarded.status(), 200);
-    let metrics = forwarding.metrics().await;
-    assert_eq!(
-        sum_of(
-            &metrics,
-            "ctxproxy_budget_outcomes_total",
-            &[("outcome", "forwarded")]
-        ),
-        1,
-        "{metrics}"
-    );
+    assert_eq!(MockStats::get(&mock.stats.chat_requests), 2);
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use ctxproxy::openai::{ChatRequest, Role};
+use ctxproxy::pipeline::working_set::WorkingSet;
 use ctxproxy::pipeline::{self, PipelineConfig};
 use ctxproxy::tokens::{Encoding, TokenCounter};
 use proptest::prelude::*;
@@ -170,7 +171,7 @@ fn tool_texts(request: &ChatRequest) -> Vec<(String, String)> {
 
 /// Identifier-like tokens of a text, without the proxy's own markers.
 fn identifiers(text: &str) -> HashSet<String> {
-    text.split(|c: char| c.is_whitespace() || "\"',:[]{}()".contains(c))
+    text.split(|c: char| c.is_whitespace() || "\"',:;[]{}()=".contains(c))
         .map(|t| t.trim_end_matches(['.', '…']))
         .filter(|t| t.chars().any(|c| c.is_ascii_digit()) && t.len() >= 3)
         .map(str::to_owned)
@@ -212,12 +213,66 @@ proptest! {
         let again = pipeline::run(&request, &env);
         prop_assert_eq!(&again.request, output);
 
+        // The working set is never cut: every identifier of it is still sent.
+        let sent_text = serde_json::to_string(output).unwrap();
+        let working_set = WorkingSet::of(&request.messages, config.window.recent_tool_steps);
+        for (index, message) in request.messages.iter().enumerate() {
+            if !working_set.contains(index) {
+                continue;
+            }
+            let text = message.content.get().map(|c| c.text().into_owned()).unwrap_or_default();
+            for id in identifiers(&text) {
+                prop_assert!(sent_text.contains(&id), "working-set identifier {} lost (message {})", id, index);
+            }
+        }
+
         let originals: std::collections::HashMap<String, String> = tool_texts(&request).into_iter().collect();
         for (id, text) in tool_texts(output) {
             let original = identifiers(&originals[&id]);
+            // A stub starts with the call it answers: its arguments are not the result's.
+            let text = match text.split_once(" result cleared") {
+                Some((_, held)) if text.starts_with('[') => held.to_owned(),
+                _ => text,
+            };
             for kept in identifiers(&text) {
-                let marker = text.contains(&format!("of {kept})")) || text.contains(&format!("showing {kept} ")) || text.contains(&format!("[… {kept} lines"));
+                let marker = text.contains(&format!("of {kept})")) || text.contains(&format!("of {kept};")) || text.contains(&format!("showing {kept} ")) || text.contains(&format!("[… {kept} lines"));
                 prop_assert!(marker || original.contains(&kept), "identifier {} not in the original result", kept);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Whatever a stage removes leaves its identifiers behind: with caps large enough, every
+    /// identifier of every original tool result is in the output (its result, a stub, or the
+    /// ledger), whatever the budget.
+    #[test]
+    fn removed_results_leave_their_identifiers(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = pipeline::Memo::default();
+        let mut config = PipelineConfig::default();
+        config.window.ledger_max_tokens = 1_000_000;
+        config.compact.stub_max_tokens = 1_000_000;
+        // Compaction that cuts lists and log middles is bounded by design; leave it out here.
+        config.compact.tool_result_max_tokens = 1_000_000;
+        let env = pipeline::Env {
+            config: &config,
+            counter: &counter,
+            memo: &memo,
+            budget,
+            sticky_categories: &[],
+            reinforcement: None,
+        };
+        let rewrite = pipeline::run(&request, &env);
+        let sent_text = serde_json::to_string(&rewrite.request).unwrap();
+        for (_, text) in tool_texts(&request) {
+            for id in identifiers(&text) {
+                if id.contains("://") || id.starts_with("//") {
+                    continue;
+                }
+                prop_assert!(sent_text.contains(&id), "identifier {} of a tool result lost", id);
             }
         }
     }

@@ -168,11 +168,7 @@ pub fn valid_pairs(messages: &[Message]) -> bool {
                 return false;
             }
             if message.role == Role::Assistant {
-                pending = message
-                    .tool_calls()
-                    .iter()
-                    .map(|c| c.id.as_str())
-                    .collect();
+                pending = message.tool_calls().iter().map(|c| c.id.as_str()).collect();
             }
         }
     }
@@ -269,7 +265,10 @@ impl Fidelity {
         self.last_user_changed += u64::from(user_before.is_some() && user_before != user_after);
         if let Some(over) = &report.over_budget {
             self.over_budget += 1;
-            *self.over_budget_by_part.entry(part_name(over.part)).or_default() += 1;
+            *self
+                .over_budget_by_part
+                .entry(part_name(over.part))
+                .or_default() += 1;
         } else if !report.fits {
             self.over_budget += 1;
         }
@@ -351,10 +350,19 @@ mod tests {
         let ids: Vec<String> = answer_identifiers(&message).into_iter().collect();
         assert_eq!(
             ids,
-            vec!["#W9348897", "166.98", "481.5", "6117189161", "SUPPORT", "W9348897", "a.b@x.io"]
+            vec![
+                "#W9348897",
+                "166.98",
+                "481.5",
+                "6117189161",
+                "SUPPORT",
+                "W9348897",
+                "a.b@x.io"
+            ]
         );
-        let answer = Answer::from_recording(&json!({"response": {"choices": [{"message": message}]}}))
-            .unwrap();
+        let answer =
+            Answer::from_recording(&json!({"response": {"choices": [{"message": message}]}}))
+                .unwrap();
         assert_eq!(answer.tools, vec!["modify"]);
     }
 

@@ -199,13 +199,11 @@ pub fn analyze(
         };
         let rewrite = pipeline::run(&request, &env);
         micros.push(started.elapsed().as_secs_f64() * 1e6);
-        analysis.fidelity.measure(
-            index as u64,
-            &request,
-            &rewrite,
-            answer.as_ref(),
-            &|| pipeline::stage_snapshots(&request, &env),
-        );
+        analysis
+            .fidelity
+            .measure(index as u64, &request, &rewrite, answer.as_ref(), &|| {
+                pipeline::stage_snapshots(&request, &env)
+            });
         let report = &rewrite.report;
         analysis.requests += 1;
         analysis.tokens_before += report.tokens_before as u64;
@@ -325,7 +323,8 @@ pub fn render_fidelity(analyses: &[(String, Analysis)]) -> String {
         table.push([
             name.clone(),
             f.requests.to_string(),
-            f.reduction().map_or_else(|| "-".to_owned(), |r| format!("{r:.1}%")),
+            f.reduction()
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.1}%")),
             share(f.ids_kept_percent(), f.ids_kept, f.ids),
             share(f.next_tools_kept_percent(), f.next_tools_kept, f.next_tools),
             f.invalid.to_string(),
@@ -340,7 +339,13 @@ pub fn render_fidelity(analyses: &[(String, Analysis)]) -> String {
         ]);
     }
     let widths: Vec<usize> = (0..8)
-        .map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            table
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::from("fidelity\n");
     for row in &table {
@@ -371,7 +376,8 @@ pub fn render_losses(analyses: &[(String, Analysis)]) -> String {
                 loss.index,
                 loss.id,
                 loss.role.as_deref().unwrap_or("-"),
-                loss.from_end.map_or_else(|| "-".to_owned(), |k| k.to_string()),
+                loss.from_end
+                    .map_or_else(|| "-".to_owned(), |k| k.to_string()),
                 loss.stage
             ));
         }

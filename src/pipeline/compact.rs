@@ -89,17 +89,25 @@ impl Stage for CompactStage {
             let compacted = match parse_json(&text) {
                 Some(value) if protected => {
                     json_compacted += 1;
-                    let out = compact_value(&value, &Rules::lossless(cx.params));
-                    serde_json::to_string(&out).unwrap_or_default()
+                    let rules = Rules {
+                        keep: Some(&keep),
+                        max_string_chars: cx.config.compact.max_string_chars,
+                        list_cap: usize::MAX,
+                        keep_cut_identifiers: true,
+                    };
+                    serde_json::to_string(&compact_value(&value, &rules)).unwrap_or_default()
                 }
                 Some(value) => {
                     json_compacted += 1;
                     compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
                 }
-                None if protected => continue,
+                None if protected => {
+                    text_compacted += 1;
+                    compact_text(&text, max_tokens, usize::MAX, cx.counter)
+                }
                 None => {
                     text_compacted += 1;
-                    compact_text(&text, max_tokens, cx.counter)
+                    compact_text(&text, max_tokens, MAX_OMITTED_IDS, cx.counter)
                 }
             };
             if compacted.len() < text.len() {
@@ -130,7 +138,12 @@ fn call_of(messages: &[Message], index: usize) -> Option<&ToolCall> {
 /// What a cleared result leaves behind: the call, and the identifiers the result held with
 /// their labels, within `max_tokens`:
 /// `[get_order_details(order_id: #W1) result cleared; it held: status: …, items: [item_id: 6117189161, price: 481.5]]`.
-pub fn stub(call: Option<&ToolCall>, text: &str, max_tokens: usize, counter: &TokenCounter) -> String {
+pub fn stub(
+    call: Option<&ToolCall>,
+    text: &str,
+    max_tokens: usize,
+    counter: &TokenCounter,
+) -> String {
     let label = call.map_or_else(
         || "Previous".to_owned(),
         |c| call_label(&c.function.name, &c.function.arguments),
@@ -201,15 +214,19 @@ struct Rules<'a> {
     max_string_chars: usize,
     /// Items kept of a list; the identifiers of the others are listed, bounded.
     list_cap: usize,
+    /// A shortened prose string lists the identifiers and numbers of what was cut.
+    keep_cut_identifiers: bool,
 }
 
+#[cfg(test)]
 impl Rules<'_> {
-    /// Every identifier and number stays: only nulls, empties and long prose go.
+    /// Every field stays: only nulls, empties and long prose go.
     fn lossless(params: &super::Params) -> Rules<'static> {
         Rules {
             keep: None,
             max_string_chars: params.max_string_chars,
             list_cap: usize::MAX,
+            keep_cut_identifiers: true,
         }
     }
 }
@@ -226,6 +243,7 @@ fn compact_json_to_fit(
         keep: Some(keep),
         max_string_chars: params.max_string_chars,
         list_cap: usize::MAX,
+        keep_cut_identifiers: false,
     };
     loop {
         let compacted = compact_value(value, &rules);
@@ -309,7 +327,10 @@ fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
                 let omitted = distinct(omitted, MAX_OMITTED_IDS);
                 let mut marker = format!("(showing {} of {total}", rules.list_cap);
                 if !omitted.is_empty() {
-                    marker.push_str(&format!("; identifiers in the others: {}", omitted.join(" ")));
+                    marker.push_str(&format!(
+                        "; identifiers in the others: {}",
+                        omitted.join(" ")
+                    ));
                 }
                 marker.push(')');
                 out.push(Value::String(marker));
@@ -318,22 +339,38 @@ fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
         }
         scalar if ids_only => scalar_identifier(scalar).map_or(Value::Null, |_| scalar.clone()),
         Value::String(s)
-            if s.chars().count() > rules.max_string_chars
-                && s.contains(char::is_whitespace) =>
+            if s.chars().count() > rules.max_string_chars && s.contains(char::is_whitespace) =>
         {
-            Value::String(cut_at_whitespace(s, rules.max_string_chars))
+            let mut cut = cut_at_whitespace(s, rules.max_string_chars);
+            if rules.keep_cut_identifiers {
+                // The identifiers and numbers of the cut prose stay.
+                let kept = cut.trim_end_matches(" …").len();
+                let rest = identifiers(&s[kept.min(s.len())..]);
+                if !rest.is_empty() {
+                    cut.push_str(&format!(" (also: {})", rest.join(", ")));
+                }
+            }
+            Value::String(cut)
         }
         other => other.clone(),
     }
 }
 
-/// Head and tail of a text at line boundaries, within `max_tokens`, with the identifiers of the
-/// omitted middle listed.
-fn compact_text(text: &str, max_tokens: usize, counter: &TokenCounter) -> String {
+/// Head and tail of a text at line boundaries, within `max_tokens`, with (at most `max_ids`)
+/// identifiers of the omitted middle listed.
+fn compact_text(text: &str, max_tokens: usize, max_ids: usize, counter: &TokenCounter) -> String {
     let lines: Vec<&str> = text.lines().collect();
     if lines.len() < 3 {
         // One huge line: keep its start, cut at whitespace (about 4 characters a token).
-        return cut_at_whitespace(text, max_tokens * 3);
+        let mut cut = cut_at_whitespace(text, max_tokens * 3);
+        if max_ids == usize::MAX {
+            let kept = cut.trim_end_matches(" …").len();
+            let rest = identifiers(&text[kept.min(text.len())..]);
+            if !rest.is_empty() {
+                cut.push_str(&format!(" (also: {})", rest.join(", ")));
+            }
+        }
+        return cut;
     }
     let half = max_tokens / 2;
     let (mut head, mut head_tokens) = (0, 0);
@@ -358,7 +395,15 @@ fn compact_text(text: &str, max_tokens: usize, counter: &TokenCounter) -> String
         return text.to_owned();
     }
     let middle = &lines[head..tail];
-    let ids = distinct_identifiers(&middle.join("\n"), MAX_OMITTED_IDS);
+    let ids = if max_ids == usize::MAX {
+        let mut seen = HashSet::new();
+        identifiers(&middle.join("\n"))
+            .into_iter()
+            .filter(|id| seen.insert(id.clone()))
+            .collect()
+    } else {
+        distinct_identifiers(&middle.join("\n"), max_ids)
+    };
     let alerts: Vec<&str> = middle
         .iter()
         .copied()
@@ -448,6 +493,7 @@ mod tests {
             keep: Some(keep),
             max_string_chars: 300,
             list_cap: usize::MAX,
+            keep_cut_identifiers: false,
         }
     }
 
@@ -496,7 +542,10 @@ mod tests {
         let parsed: Vec<Value> = serde_json::from_str(&out).unwrap();
         let marker = parsed.last().unwrap().as_str().unwrap();
         assert!(marker.starts_with("(showing "), "{marker}");
-        assert!(marker.contains(" of 200; identifiers in the others: "), "{marker}");
+        assert!(
+            marker.contains(" of 200; identifiers in the others: "),
+            "{marker}"
+        );
         assert_eq!(parsed[0], json!({"id": 0, "name": "repo-0"}));
     }
 
@@ -523,7 +572,7 @@ mod tests {
         let lines: Vec<String> = (0..400)
             .map(|i| format!("line {i}: build step ok id=STEP{i:04}"))
             .collect();
-        let out = compact_text(&lines.join("\n"), 200, &counter);
+        let out = compact_text(&lines.join("\n"), 200, MAX_OMITTED_IDS, &counter);
         assert!(out.starts_with("line 0:"));
         assert!(out.ends_with("line 399: build step ok id=STEP0399"));
         assert!(out.contains("lines omitted; identifiers in them: "));
@@ -548,7 +597,10 @@ mod tests {
         // Bounded: cut between two values.
         let short = stub(Some(&call), result, 30, &counter);
         assert!(counter.text(&short) <= 30, "{short}");
-        assert!(short.ends_with(" …]") && short.contains("order_id: #W9348897"), "{short}");
+        assert!(
+            short.ends_with(" …]") && short.contains("order_id: #W9348897"),
+            "{short}"
+        );
         // Text results list their identifiers; a result without any keeps its first line.
         assert_eq!(
             stub(None, "Booked HAT045 for 2024-05-01\nok", 200, &counter),
@@ -615,7 +667,9 @@ mod working_set_tests {
         for (i, city) in cities.iter().enumerate() {
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
                 "type": "function", "function": {"name": "weather", "arguments": format!("{{\"city\": \"{city}\"}}")}}]}));
-            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result(city)}));
+            messages.push(
+                json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result(city)}),
+            );
         }
         let request: ChatRequest =
             serde_json::from_value(json!({"model": "m", "messages": messages})).unwrap();

@@ -17,8 +17,8 @@ use std::collections::{HashMap, HashSet};
 use serde_json::json;
 
 use super::system::add_section;
-use super::{Stage, StageCx, StageOutput};
 use super::working_set::WorkingSet;
+use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Message, Role};
 use turns::{Turn, split_turns};
 
@@ -67,7 +67,12 @@ impl Stage for WindowStage {
 
         let removed: Vec<(usize, &Message)> = older
             .iter()
-            .flat_map(|t| t.messages.iter().enumerate().map(move |(i, m)| (t.start + i, m)))
+            .flat_map(|t| {
+                t.messages
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, m)| (t.start + i, m))
+            })
             .filter(|(i, m)| {
                 !answered.contains(i) && !matches!(m.role, Role::System | Role::Developer)
             })

@@ -215,10 +215,7 @@ fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> 
 /// The longest prefix of `text` ending between two values (`, ` or `; `) within `max_tokens`,
 /// with ` …`.
 fn cut_to_tokens(text: &str, max_tokens: usize, counter: &TokenCounter) -> String {
-    let mut cuts: Vec<usize> = text
-        .match_indices([',', ';'])
-        .map(|(i, _)| i)
-        .collect();
+    let mut cuts: Vec<usize> = text.match_indices([',', ';']).map(|(i, _)| i).collect();
     cuts.reverse();
     // Bisection over the cut points: tokens grow with the prefix.
     let fits = |end: usize| counter.text(&text[..end]) + 2 <= max_tokens;
@@ -281,7 +278,10 @@ mod tests {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let shown: HashSet<String> = ["#W9348897".to_owned()].into();
         let lines_shown = lines(&removed, &shown, &HashMap::new(), 500, &counter);
-        assert_eq!(lines_shown[1], "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416");
+        assert_eq!(
+            lines_shown[1],
+            "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416"
+        );
         assert_eq!(lines_shown[2], "assistant: $481.50");
         // The user's zip is mentioned again later: it outranks the newer assistant line.
         let mentions: HashMap<String, usize> = [("80298".to_owned(), 9)].into();
