@@ -119,10 +119,8 @@ fn argument_scalars(value: &Value, out: &mut BTreeSet<String>) {
     match value {
         Value::Object(map) => map.values().for_each(|v| argument_scalars(v, out)),
         Value::Array(items) => items.iter().for_each(|v| argument_scalars(v, out)),
-        Value::String(s) => {
-            if (3..=80).contains(&s.chars().count()) {
-                out.insert(s.clone());
-            }
+        Value::String(s) if (3..=80).contains(&s.chars().count()) => {
+            out.insert(s.clone());
         }
         Value::Number(n) => {
             let text = python_number(n);

@@ -179,9 +179,10 @@ pub fn stub(
         loop {
             let cut = held
                 .char_indices()
+                .rev()
                 .filter(|&(i, c)| i <= limit && matches!(c, ',' | ';'))
                 .map(|(i, _)| i)
-                .last()
+                .next()
                 .unwrap_or(0);
             out = format!("[{label} result cleared; it held: {} …]", &held[..cut]);
             if cut == 0 || counter.text(&out) <= max_tokens {

@@ -76,6 +76,8 @@ struct Tokens<'a> {
     after: usize,
     budget: usize,
     fits: bool,
+    /// By how much, and which part of the floor is over (null when it fits).
+    over_budget: Option<crate::pipeline::OverBudget>,
     saved_by_stage: Map<String, Value>,
     stages: &'a [crate::pipeline::StageReport],
 }
@@ -119,6 +121,7 @@ impl Exchange {
                 after: r.tokens_after,
                 budget: r.budget,
                 fits: r.fits,
+                over_budget: r.over_budget,
                 saved_by_stage: r
                     .savings_by_stage()
                     .into_iter()
