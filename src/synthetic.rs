@@ -4,6 +4,8 @@
 //! A conversation is a travel-support agent session: each turn asks about a different
 //! reservation or topic, two turns in three call a tool whose JSON result looks like a real
 //! API answer, every fifth turn searches and gets a list, and some turns state facts.
+//! `autonomous_agent` is the other shape: one task, then dozens of tool calls with large
+//! results, where a late call reuses an id from an early result.
 
 use serde_json::{Value, json};
 
@@ -168,4 +170,107 @@ pub fn conversation(turns: usize) -> Result<ChatRequest, serde_json::Error> {
     .collect();
     let body = json!({"model": "gpt-4o", "messages": messages, "tools": tools, "temperature": 0});
     serde_json::from_value(body)
+}
+
+/// A ticket record of the autonomous agent's tools.
+fn ticket(step: usize, i: usize) -> Value {
+    let n = step * 100 + i;
+    let status = ["open", "pending", "escalated"][n % 3];
+    json!({
+        "ticket_id": format!("TKT-{n:05}"),
+        "customer_email": format!("customer{n}@example.com"),
+        "amount": format!("{}.{:02}", 20 + n % 480, n % 100),
+        "created_at": format!("2024-03-{:02}T{:02}:15:00Z", 1 + n % 28, n % 24),
+        "status": status,
+        "summary": "The customer reports that the invoice total does not match the order \
+                    and asks for a correction before the next billing cycle closes.",
+    })
+}
+
+/// The result of step `step`: 1 to about 20 KB, by a fixed pattern.
+fn agent_result(step: usize) -> Value {
+    let count = 4 + (step * 7) % 66;
+    let tickets: Vec<Value> = (0..count).map(|i| ticket(step, i)).collect();
+    json!({"step": step, "count": count, "tickets": tickets})
+}
+
+/// An autonomous agent's conversation: one task from the user, then `steps` tool calls, each
+/// with a result of 1–20 KB; the last call reuses a ticket id from the third result (the kind
+/// of working memory a rewrite must not lose). Ends with that call's result, so the next answer
+/// is the model's.
+pub fn autonomous_agent(steps: usize) -> Result<ChatRequest, serde_json::Error> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a billing operations agent. Work through the \
+            task with the tools; never invent ticket ids or amounts."}),
+        json!({"role": "user", "content": "Audit every open billing ticket from March and \
+            correct the ones whose amount is wrong, then report what you changed."}),
+    ];
+    for step in 0..steps {
+        let id = format!("call_{step:03}");
+        let (name, arguments, result) = if step + 1 == steps {
+            // Reuses an id seen only in an early result.
+            let early = format!("TKT-{:05}", 2 * 100 + 1);
+            (
+                "update_ticket",
+                json!({"ticket_id": early, "amount": "221.01"}),
+                json!({"ticket_id": early, "updated": true, "amount": "221.01"}),
+            )
+        } else {
+            (
+                "search_tickets",
+                json!({"page": step + 1, "month": "2024-03"}),
+                agent_result(step),
+            )
+        };
+        messages.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": name, "arguments": arguments.to_string()}}]}),
+        );
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
+    }
+    let tools: Vec<Value> = [
+        (
+            "search_tickets",
+            "Search billing tickets, one page at a time.",
+        ),
+        ("update_ticket", "Change the amount of a ticket."),
+    ]
+    .iter()
+    .map(|(name, description)| {
+        json!({"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": {}}}})
+    })
+    .collect();
+    serde_json::from_value(json!({"model": "gpt-4o", "messages": messages, "tools": tools}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_autonomous_agent_has_one_task_and_large_results() {
+        let request = autonomous_agent(60).unwrap();
+        assert_eq!(request.messages.len(), 2 + 2 * 60);
+        let sizes: Vec<usize> = request
+            .messages
+            .iter()
+            .filter(|m| m.role == crate::openai::Role::Tool)
+            .take(59)
+            .map(|m| m.content.get().map_or(0, |c| c.text().len()))
+            .collect();
+        assert!(
+            sizes.iter().all(|&s| (1_000..=21_000).contains(&s)),
+            "{sizes:?}"
+        );
+        let last_call = &request.messages[request.messages.len() - 2].tool_calls()[0];
+        assert!(last_call.function.arguments.contains("TKT-00201"));
+        let third = request.messages[7]
+            .content
+            .get()
+            .unwrap()
+            .text()
+            .into_owned();
+        assert!(third.contains("TKT-00201"));
+    }
 }

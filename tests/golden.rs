@@ -47,4 +47,5 @@ golden!(
     text_tool_results,
     topic_shift,
     budget_ladder,
+    agent_proposal_ledger,
 );
