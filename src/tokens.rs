@@ -181,6 +181,18 @@ impl TokenCounter {
         self.cached(hasher.finish(), || self.encoding.count(text))
     }
 
+    /// `text`, cached whatever its length: for texts that recur from request to request (a
+    /// conversation's ledger lines and stubs).
+    pub fn text_recurring(&self, text: &str) -> usize {
+        if text.is_empty() {
+            return 0;
+        }
+        let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
+        self.encoding.hash(&mut hasher);
+        text.hash(&mut hasher);
+        self.cached(hasher.finish(), || self.encoding.count(text))
+    }
+
     /// The tokens of a whole request: messages, reply priming and tool definitions.
     pub fn request(&self, request: &ChatRequest) -> usize {
         self.messages(&request.messages)

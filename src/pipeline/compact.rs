@@ -59,9 +59,12 @@ impl Stage for CompactStage {
             };
             let protected = working_set.contains(index);
             if n < keep_from && !protected {
-                let stub = stub(call, &text, cx.config.compact.stub_max_tokens, cx.counter);
+                let max_tokens = cx.config.compact.stub_max_tokens;
+                let stub = cx.memo.text(stub_key(call, &text, max_tokens, cx), || {
+                    stub(call, &text, max_tokens, cx.counter)
+                });
                 if stub.len() < text.len() {
-                    replace(index, stub);
+                    replace(index, stub.to_string());
                     cleared += 1;
                 }
                 continue;
@@ -133,6 +136,21 @@ fn call_of(messages: &[Message], index: usize) -> Option<&ToolCall> {
         .iter()
         .rev()
         .find_map(|m| m.tool_calls().iter().find(|c| &c.id == id))
+}
+
+/// Seed of the memo keys of stubs.
+const STUB_SEED: u64 = 0x7374_7562_0000_0001;
+
+/// Everything a stub depends on: the call, the result, the cap and the encoding.
+fn stub_key(call: Option<&ToolCall>, text: &str, max_tokens: usize, cx: &StageCx<'_>) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = foldhash::quality::FixedState::with_seed(STUB_SEED).build_hasher();
+    cx.counter.encoding().hash(&mut hasher);
+    max_tokens.hash(&mut hasher);
+    call.map(|c| (&c.function.name, &c.function.arguments))
+        .hash(&mut hasher);
+    text.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What a cleared result leaves behind: the call, and the identifiers the result held with

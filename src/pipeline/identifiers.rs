@@ -121,6 +121,36 @@ fn capital_codes(text: &str) -> impl Iterator<Item = String> + '_ {
         .map(str::to_owned)
 }
 
+/// The identifier skeleton of a JSON value: only identifier leaves, the objects and lists
+/// holding them, and id-like keys (`"6700049080": {…}`) even when nothing under them is left.
+/// `None` when nothing is left. Rendering the skeleton gives what rendering the value gives.
+pub fn prune(value: &Value) -> Option<Value> {
+    match value {
+        Value::Object(map) => {
+            let mut out = serde_json::Map::new();
+            for (key, child) in map {
+                match prune(child) {
+                    Some(kept) => {
+                        out.insert(key.clone(), kept);
+                    }
+                    None if child.is_object() || child.is_array() => {
+                        if is_identifier_value(key) && key.chars().any(|c| c.is_ascii_digit()) {
+                            out.insert(key.clone(), Value::Object(serde_json::Map::new()));
+                        }
+                    }
+                    None => {}
+                }
+            }
+            (!out.is_empty()).then_some(Value::Object(out))
+        }
+        Value::Array(items) => {
+            let kept: Vec<Value> = items.iter().filter_map(prune).collect();
+            (!kept.is_empty()).then_some(Value::Array(kept))
+        }
+        scalar => scalar_identifier(scalar).map(|_| scalar.clone()),
+    }
+}
+
 /// A JSON object or array, when the text is one.
 pub fn parse_json(text: &str) -> Option<Value> {
     let trimmed = text.trim_start();
@@ -298,6 +328,11 @@ mod tests {
             render_labelled(&value, &|v| v == "#W1" || v == "466.75"),
             "items: [item_id: 6117189161, price: 481.5], variants: {6700049080}"
         );
+        let skeleton = prune(&value).unwrap();
+        let skips: [&dyn Fn(&str) -> bool; 2] = [&|_| false, &|v| v == "#W1" || v == "466.75"];
+        for skip in skips {
+            assert_eq!(render_labelled(&skeleton, skip), render_labelled(&value, skip));
+        }
     }
 
     #[test]

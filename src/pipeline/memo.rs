@@ -1,5 +1,6 @@
 //! A process-wide memo of derived values keyed by a hash of their inputs: segment summaries,
-//! and the tool catalogs built from a request's tool definitions.
+//! ledgers and stubs, the identifiers of each message, and the tool catalogs built from a
+//! request's tool definitions.
 //!
 //! Consecutive requests of a conversation share their older segments and their tools, and the
 //! budget stage reruns the stages several times per request; the memo makes each summary and
@@ -19,6 +20,8 @@ const CATALOG_CAPACITY: usize = 1_024;
 #[derive(Default)]
 pub struct Memo {
     entries: Mutex<HashMap<u64, Arc<str>>>,
+    identifiers: Mutex<HashMap<u64, Arc<[String]>>>,
+    skeletons: Mutex<HashMap<u64, Option<Arc<serde_json::Value>>>>,
     catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
 }
 
@@ -34,6 +37,40 @@ impl Memo {
                 entries.clear();
             }
             entries.insert(key, Arc::clone(&value));
+        }
+        value
+    }
+
+    /// The identifiers for `key` (one message's), found by `make` on a miss.
+    pub fn identifiers(&self, key: u64, make: impl FnOnce() -> Vec<String>) -> Arc<[String]> {
+        if let Some(hit) = self.identifiers.lock().ok().and_then(|e| e.get(&key).cloned()) {
+            return hit;
+        }
+        let value: Arc<[String]> = make().into();
+        if let Ok(mut entries) = self.identifiers.lock() {
+            if entries.len() >= CAPACITY {
+                entries.clear();
+            }
+            entries.insert(key, Arc::clone(&value));
+        }
+        value
+    }
+
+    /// The identifier skeleton for `key` (one JSON text's; `None` when not JSON or empty).
+    pub fn skeleton(
+        &self,
+        key: u64,
+        make: impl FnOnce() -> Option<serde_json::Value>,
+    ) -> Option<Arc<serde_json::Value>> {
+        if let Some(hit) = self.skeletons.lock().ok().and_then(|e| e.get(&key).cloned()) {
+            return hit;
+        }
+        let value = make().map(Arc::new);
+        if let Ok(mut entries) = self.skeletons.lock() {
+            if entries.len() >= CAPACITY {
+                entries.clear();
+            }
+            entries.insert(key, value.clone());
         }
         value
     }

@@ -12,7 +12,9 @@ mod ledger;
 mod summary;
 mod turns;
 
-use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use foldhash::quality::FixedState;
 
 use serde_json::json;
 
@@ -20,6 +22,7 @@ use super::system::add_section;
 use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Message, Role};
+use crate::tokens::hash_message;
 use turns::{Turn, split_turns};
 
 pub struct WindowStage;
@@ -78,23 +81,42 @@ impl Stage for WindowStage {
             })
             .collect();
         let ledger = if cx.config.window.ledger_max_tokens > 0 {
-            let shown: HashSet<String> = messages
-                .iter()
-                .flat_map(ledger::message_identifiers)
-                .collect();
-            let mut mentions: HashMap<String, usize> = HashMap::new();
-            for (position, message) in request.messages.iter().enumerate() {
-                for id in ledger::message_identifiers(message) {
-                    mentions.insert(id, position);
+            // Depends only on the messages, what is kept of them, the cap and the encoding.
+            let key = ledger_key(&request.messages, window_start, &answered, cx);
+            let text = cx.memo.text(key, || {
+                let ids = |m: &Message| {
+                    let mut hasher = FixedState::with_seed(IDENTIFIERS_SEED).build_hasher();
+                    hash_message(m, &mut hasher);
+                    cx.memo
+                        .identifiers(hasher.finish(), || ledger::message_identifiers(m))
+                };
+                let kept_ids: Vec<_> = messages.iter().map(ids).collect();
+                let shown: ledger::Shown<'_> = kept_ids
+                    .iter()
+                    .flat_map(|ids| ids.iter().map(String::as_str))
+                    .collect();
+                let all_ids: Vec<_> = request.messages.iter().map(ids).collect();
+                let mut mentions = ledger::Mentions::default();
+                for (position, ids) in all_ids.iter().enumerate() {
+                    for id in ids.iter() {
+                        mentions.insert(id.as_str(), position);
+                    }
                 }
+                ledger::lines(
+                    &removed,
+                    &shown,
+                    &mentions,
+                    cx.config.window.ledger_max_tokens,
+                    cx.counter,
+                    cx.memo,
+                )
+                .join("\n- ")
+            });
+            if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![text]
             }
-            ledger::lines(
-                &removed,
-                &shown,
-                &mentions,
-                cx.config.window.ledger_max_tokens,
-                cx.counter,
-            )
         } else {
             Vec::new()
         };
@@ -130,7 +152,7 @@ impl Stage for WindowStage {
             "summarized_turns": older.len(),
             "segments": segments,
             "segments_kept": kept.len(),
-            "ledger_lines": ledger.len(),
+            "ledger_lines": ledger.first().map_or(0, |l| l.lines().count()),
             "answered_kept": !answered.is_empty(),
             "facts": facts.lines.len(),
         });
@@ -140,6 +162,28 @@ impl Stage for WindowStage {
             details,
         }
     }
+}
+
+/// Seeds of the memo keys of ledgers and of each message's identifiers.
+const LEDGER_SEED: u64 = 0x6c65_6467_6572_0001;
+const IDENTIFIERS_SEED: u64 = 0x6964_656e_7469_0001;
+
+/// Everything a ledger depends on: the messages, where the window starts, the answered message
+/// kept, the cap and the encoding.
+fn ledger_key(
+    messages: &[Message],
+    window_start: usize,
+    answered: &std::ops::Range<usize>,
+    cx: &StageCx<'_>,
+) -> u64 {
+    let mut hasher = FixedState::with_seed(LEDGER_SEED).build_hasher();
+    cx.counter.encoding().hash(&mut hasher);
+    (window_start, answered.start, answered.end).hash(&mut hasher);
+    (cx.config.window.ledger_max_tokens, messages.len()).hash(&mut hasher);
+    for message in messages {
+        hash_message(message, &mut hasher);
+    }
+    hasher.finish()
 }
 
 struct Plan {

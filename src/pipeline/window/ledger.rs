@@ -7,10 +7,16 @@
 //! groups whose values were mentioned latest (being referred to again counts as recent) stay.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use foldhash::quality::FixedState;
+use serde_json::Value;
 
 use crate::openai::{Message, Role};
+use crate::pipeline::Memo;
 use crate::pipeline::identifiers::{
-    call_label, is_strong_identifier, parse_json, render_labelled_once, text_identifiers,
+    call_label, is_strong_identifier, parse_json, prune, render_labelled_once, text_identifiers,
 };
 use crate::tokens::TokenCounter;
 
@@ -24,6 +30,11 @@ struct Group {
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
+
+/// Values the rewritten request still shows.
+pub type Shown<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
+/// The last position where the conversation mentions a value.
+pub type Mentions<'a> = HashMap<&'a str, usize, foldhash::fast::RandomState>;
 
 /// Fewer remaining tokens than this are not worth a cut group.
 const MIN_PARTIAL_TOKENS: usize = 12;
@@ -50,20 +61,23 @@ pub fn message_identifiers(message: &Message) -> Vec<String> {
 /// a value to the last position where the conversation mentions it.
 pub fn lines(
     removed: &[(usize, &Message)],
-    shown: &HashSet<String>,
-    mentions: &HashMap<String, usize>,
+    shown: &Shown<'_>,
+    mentions: &Mentions<'_>,
     max_tokens: usize,
     counter: &TokenCounter,
+    memo: &Memo,
 ) -> Vec<String> {
     if max_tokens == 0 {
         return Vec::new();
     }
+    let views = Views { memo };
     let skip = |value: &str| shown.contains(value);
     let skip_weak = |value: &str| shown.contains(value) || !is_strong_identifier(value);
-    let last_mention = |values: &[String], position: usize| {
+    let last_mention = |values: &[&[String]], position: usize| {
         values
             .iter()
-            .filter_map(|v| mentions.get(v))
+            .flat_map(|v| v.iter())
+            .filter_map(|v| mentions.get(v.as_str()))
             .copied()
             .max()
             .unwrap_or(position)
@@ -84,23 +98,21 @@ pub fn lines(
                     continue;
                 }
                 let content = content_text(message);
-                let text = render_content(&content, &skip);
+                let text = views.render(&content, &skip);
                 if !text.is_empty() {
-                    let values = text_identifiers(&content);
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&values, position),
+                        last_mention: last_mention(&[&views.ids(&content)], position),
                         text: format!("tool result: {text}"),
-                        strong: format!("tool result: {}", render_content(&content, &skip_weak)),
+                        strong: format!("tool result: {}", views.render(&content, &skip_weak)),
                     });
                 }
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
                 let content = content_text(message);
-                let own = render_content(&content, &skip);
+                let own = views.render(&content, &skip);
                 if !own.is_empty() {
-                    let values = text_identifiers(&content);
                     let role = if message.role == Role::User {
                         "user"
                     } else {
@@ -108,9 +120,9 @@ pub fn lines(
                     };
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&values, position),
+                        last_mention: last_mention(&[&views.ids(&content)], position),
                         text: format!("{role}: {own}"),
-                        strong: format!("{role}: {}", render_content(&content, &skip_weak)),
+                        strong: format!("{role}: {}", views.render(&content, &skip_weak)),
                     });
                 }
                 for call in message.tool_calls() {
@@ -119,8 +131,8 @@ pub fn lines(
                         answered.insert(call.id.as_str());
                     }
                     let result_text = result.map(|m| content_text(m)).unwrap_or_default();
-                    let mut values = text_identifiers(&call.function.arguments);
-                    values.extend(text_identifiers(&result_text));
+                    let arguments = views.ids(&call.function.arguments);
+                    let found_ids = views.ids(&result_text);
                     let label = call_label(&call.function.name, &call.function.arguments);
                     let with = |found: String| {
                         if found.is_empty() {
@@ -131,9 +143,9 @@ pub fn lines(
                     };
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&values, position),
-                        text: with(render_content(&result_text, &skip)),
-                        strong: with(render_content(&result_text, &skip_weak)),
+                        last_mention: last_mention(&[&arguments, &found_ids], position),
+                        text: with(views.render(&result_text, &skip)),
+                        strong: with(views.render(&result_text, &skip_weak)),
                     });
                 }
             }
@@ -142,20 +154,51 @@ pub fn lines(
     select(groups, max_tokens, counter)
 }
 
-/// A message content's identifiers: labelled leaves of JSON, identifier tokens of text.
-fn render_content(content: &str, skip: &dyn Fn(&str) -> bool) -> String {
-    if content.trim().is_empty() {
-        return String::new();
+/// Memoized views of a content text (a summarized conversation is read again at every turn).
+struct Views<'a> {
+    memo: &'a Memo,
+}
+
+/// Seeds of the memo keys of a text's identifiers and of its JSON skeleton.
+const TEXT_IDS_SEED: u64 = 0x7465_7874_6964_0001;
+const SKELETON_SEED: u64 = 0x736b_656c_6574_0001;
+
+fn text_key(seed: u64, text: &str) -> u64 {
+    let mut hasher = FixedState::with_seed(seed).build_hasher();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Views<'_> {
+    fn ids(&self, text: &str) -> Arc<[String]> {
+        self.memo
+            .identifiers(text_key(TEXT_IDS_SEED, text), || text_identifiers(text))
     }
-    match parse_json(content) {
-        Some(value) => render_labelled_once(&value, skip),
-        None => {
-            let mut seen = HashSet::new();
-            text_identifiers(content)
-                .into_iter()
-                .filter(|id| !skip(id) && seen.insert(id.clone()))
-                .collect::<Vec<_>>()
-                .join(", ")
+
+    /// `Some(Null)` for JSON without identifiers, `None` for text that is not JSON.
+    fn skeleton(&self, text: &str) -> Option<Arc<Value>> {
+        self.memo.skeleton(text_key(SKELETON_SEED, text), || {
+            parse_json(text).map(|value| prune(&value).unwrap_or(Value::Null))
+        })
+    }
+
+    /// A content's identifiers: labelled leaves of JSON, identifier tokens of text.
+    fn render(&self, content: &str, skip: &dyn Fn(&str) -> bool) -> String {
+        if content.trim().is_empty() {
+            return String::new();
+        }
+        match self.skeleton(content) {
+            Some(tree) if tree.is_null() => String::new(),
+            Some(tree) => render_labelled_once(&tree, skip),
+            None => {
+                let mut seen = HashSet::new();
+                self.ids(content)
+                    .iter()
+                    .filter(|id| !skip(id) && seen.insert(id.as_str()))
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         }
     }
 }
@@ -173,7 +216,10 @@ fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> 
             .then(a.position.cmp(&b.position))
     });
     // "- " and the newline of each line.
-    let mut tokens: Vec<usize> = groups.iter().map(|g| counter.text(&g.text) + 2).collect();
+    let mut tokens: Vec<usize> = groups
+        .iter()
+        .map(|g| counter.text_recurring(&g.text) + 2)
+        .collect();
     let mut total: usize = tokens.iter().sum();
     for &index in &order {
         if total <= max_tokens {
@@ -182,7 +228,7 @@ fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> 
         let group = &mut groups[index];
         if group.strong.len() < group.text.len() {
             group.text = std::mem::take(&mut group.strong);
-            let strong = counter.text(&group.text) + 2;
+            let strong = counter.text_recurring(&group.text) + 2;
             total = total - tokens[index] + strong.min(tokens[index]);
             tokens[index] = strong;
         }
@@ -260,7 +306,7 @@ mod tests {
         let all = conversation();
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
-        let lines = lines(&removed, &HashSet::new(), &HashMap::new(), 500, &counter);
+        let lines = lines(&removed, &Shown::default(), &Mentions::default(), 500, &counter, &Memo::default());
         assert_eq!(
             lines,
             vec![
@@ -276,16 +322,16 @@ mod tests {
         let all = conversation();
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
-        let shown: HashSet<String> = ["#W9348897".to_owned()].into();
-        let lines_shown = lines(&removed, &shown, &HashMap::new(), 500, &counter);
+        let shown: Shown<'_> = ["#W9348897"].into_iter().collect();
+        let lines_shown = lines(&removed, &shown, &Mentions::default(), 500, &counter, &Memo::default());
         assert_eq!(
             lines_shown[1],
             "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416"
         );
         assert_eq!(lines_shown[2], "assistant: $481.50");
         // The user's zip is mentioned again later: it outranks the newer assistant line.
-        let mentions: HashMap<String, usize> = [("80298".to_owned(), 9)].into();
-        let capped = lines(&removed, &HashSet::new(), &mentions, 14, &counter);
+        let mentions: Mentions<'_> = [("80298", 9)].into_iter().collect();
+        let capped = lines(&removed, &Shown::default(), &mentions, 14, &counter, &Memo::default());
         assert_eq!(capped, vec!["user: 80298, W9348897"]);
     }
 }
