@@ -20,7 +20,11 @@ const MAX_IDENTIFIER_WORDS: usize = 5;
 /// Whether a scalar value (a JSON string or number, as text) is an identifier.
 pub fn is_identifier_value(value: &str) -> bool {
     let value = value.trim();
-    let chars = value.chars().count();
+    let chars = if value.is_ascii() {
+        value.len()
+    } else {
+        value.chars().count()
+    };
     if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
         return false;
     }
@@ -176,13 +180,20 @@ pub fn render_labelled(value: &Value, skip: &dyn Fn(&str) -> bool) -> String {
 /// what differs (`origin: DEN, date: 2024-05-27, flight_number: HAT084; flight_number: HAT175`).
 pub fn render_labelled_once(value: &Value, skip: &dyn Fn(&str) -> bool) -> String {
     let mut out = String::new();
-    let mut said = HashSet::new();
+    let mut said = HashSet::default();
     render_into(value, None, skip, &mut Some(&mut said), &mut out);
     out
 }
 
-/// Pairs already said, when each is said once.
-type Said<'a> = Option<&'a mut HashSet<(String, String)>>;
+/// Pairs already said (hashes of key and value), when each is said once.
+type Said<'a> = Option<&'a mut HashSet<u64, foldhash::fast::RandomState>>;
+
+fn pair_hash(key: &str, value: &str) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = foldhash::quality::FixedState::with_seed(0x7361_6964).build_hasher();
+    (key, value).hash(&mut hasher);
+    hasher.finish()
+}
 
 fn render_into(
     value: &Value,
@@ -220,7 +231,7 @@ fn render_into(
                             continue;
                         }
                         if let Some(said) = said.as_deref_mut()
-                            && !said.insert((key.clone(), text.clone()))
+                            && !said.insert(pair_hash(key, &text))
                         {
                             continue;
                         }

@@ -21,12 +21,13 @@ use crate::pipeline::identifiers::{
 use crate::tokens::TokenCounter;
 
 /// One source of identifiers.
-struct Group {
+struct Group<'a> {
     /// Position of its message in the conversation (for order and recency).
     position: usize,
     text: String,
-    /// The same with only the strong identifiers (codes, ids, emails), for when the cap bites.
-    strong: String,
+    /// The same with only the strong identifiers (codes, ids, emails), rendered when the cap
+    /// bites.
+    strong: Box<dyn Fn() -> String + 'a>,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
@@ -72,7 +73,9 @@ pub fn lines(
     }
     let views = Views { memo };
     let skip = |value: &str| shown.contains(value);
-    let skip_weak = |value: &str| shown.contains(value) || !is_strong_identifier(value);
+    let skip_weak: &dyn Fn(&str) -> bool =
+        &|value: &str| shown.contains(value) || !is_strong_identifier(value);
+    let views = &views;
     let last_mention = |values: &[&[String]], position: usize| {
         values
             .iter()
@@ -83,12 +86,12 @@ pub fn lines(
             .unwrap_or(position)
             .max(position)
     };
-    let results: HashMap<&str, &Message> = removed
+    let results: HashMap<&str, &Message, foldhash::fast::RandomState> = removed
         .iter()
         .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
         .filter_map(|(_, m)| m.tool_call_id.get().map(|id| (id.as_str(), *m)))
         .collect();
-    let mut answered: HashSet<&str> = HashSet::new();
+    let mut answered: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
     let mut groups = Vec::new();
     for &(position, message) in removed {
         match message.role {
@@ -100,11 +103,14 @@ pub fn lines(
                 let content = content_text(message);
                 let text = views.render(&content, &skip);
                 if !text.is_empty() {
+                    let last_mention = last_mention(&[&views.ids(&content)], position);
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&[&views.ids(&content)], position),
+                        last_mention,
                         text: format!("tool result: {text}"),
-                        strong: format!("tool result: {}", views.render(&content, &skip_weak)),
+                        strong: Box::new(move || {
+                            format!("tool result: {}", views.render(&content, skip_weak))
+                        }),
                     });
                 }
             }
@@ -118,11 +124,14 @@ pub fn lines(
                     } else {
                         "assistant"
                     };
+                    let last_mention = last_mention(&[&views.ids(&content)], position);
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&[&views.ids(&content)], position),
+                        last_mention,
                         text: format!("{role}: {own}"),
-                        strong: format!("{role}: {}", views.render(&content, &skip_weak)),
+                        strong: Box::new(move || {
+                            format!("{role}: {}", views.render(&content, skip_weak))
+                        }),
                     });
                 }
                 for call in message.tool_calls() {
@@ -134,18 +143,21 @@ pub fn lines(
                     let arguments = views.ids(&call.function.arguments);
                     let found_ids = views.ids(&result_text);
                     let label = call_label(&call.function.name, &call.function.arguments);
-                    let with = |found: String| {
+                    let with = move |label: &str, found: String| {
                         if found.is_empty() {
-                            label.clone()
+                            label.to_owned()
                         } else {
                             format!("{label} → {found}")
                         }
                     };
+                    let text = with(&label, views.render(&result_text, &skip));
                     groups.push(Group {
                         position,
                         last_mention: last_mention(&[&arguments, &found_ids], position),
-                        text: with(views.render(&result_text, &skip)),
-                        strong: with(views.render(&result_text, &skip_weak)),
+                        text,
+                        strong: Box::new(move || {
+                            with(&label, views.render(&result_text, skip_weak))
+                        }),
                     });
                 }
             }
@@ -206,7 +218,7 @@ impl Views<'_> {
 /// The groups within `max_tokens`, in conversation order. When the cap bites, the groups
 /// mentioned least recently keep only their strong identifiers first; then the most recently
 /// mentioned groups that fit stay, and one that does not fit whole is cut between two values.
-fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
+fn select(mut groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
     // Least important first.
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
@@ -226,8 +238,9 @@ fn select(mut groups: Vec<Group>, max_tokens: usize, counter: &TokenCounter) -> 
             break;
         }
         let group = &mut groups[index];
-        if group.strong.len() < group.text.len() {
-            group.text = std::mem::take(&mut group.strong);
+        let strong = (group.strong)();
+        if strong.len() < group.text.len() {
+            group.text = strong;
             let strong = counter.text_recurring(&group.text) + 2;
             total = total - tokens[index] + strong.min(tokens[index]);
             tokens[index] = strong;
