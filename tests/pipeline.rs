@@ -179,16 +179,7 @@ async fn over_the_floor_is_forwarded_flagged_by_default_or_refused_by_policy() {
         "{metrics}"
     );
     // Explain says which part of the floor is over.
-    let explained: Value = reqwest::Client::new()
-        .post(proxy.url("/v1/ctxproxy/explain"))
-        .header("x-ctxproxy-budget", "20")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = proxy.explain(&body, &[("x-ctxproxy-budget", "20")]).await;
     assert_eq!(explained["over_budget"]["tokens_over"], over);
     assert_eq!(explained["over_budget"]["part"], "system");
     assert!(

@@ -178,6 +178,22 @@ fn identifiers(text: &str) -> HashSet<String> {
         .collect()
 }
 
+fn env<'a>(
+    config: &'a PipelineConfig,
+    counter: &'a TokenCounter,
+    memo: &'a pipeline::Memo,
+    budget: usize,
+) -> pipeline::Env<'a> {
+    pipeline::Env {
+        config,
+        counter,
+        memo,
+        budget,
+        sticky_categories: &[],
+        reinforcement: None,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -186,14 +202,7 @@ proptest! {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = pipeline::Memo::default();
         let config = PipelineConfig::default();
-        let env = pipeline::Env {
-            config: &config,
-            counter: &counter,
-            memo: &memo,
-            budget,
-            sticky_categories: &[],
-            reinforcement: None,
-        };
+        let env = env(&config, &counter, &memo, budget);
         let rewrite = pipeline::run(&request, &env);
         let output = &rewrite.request;
 
@@ -257,15 +266,7 @@ proptest! {
         config.compact.stub_max_tokens = 1_000_000;
         // Compaction that cuts lists and log middles is bounded by design; leave it out here.
         config.compact.tool_result_max_tokens = 1_000_000;
-        let env = pipeline::Env {
-            config: &config,
-            counter: &counter,
-            memo: &memo,
-            budget,
-            sticky_categories: &[],
-            reinforcement: None,
-        };
-        let rewrite = pipeline::run(&request, &env);
+        let rewrite = pipeline::run(&request, &env(&config, &counter, &memo, budget));
         let sent_text = serde_json::to_string(&rewrite.request).unwrap();
         for (_, text) in tool_texts(&request) {
             for id in identifiers(&text) {

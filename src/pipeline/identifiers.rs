@@ -97,24 +97,14 @@ pub fn json_identifiers(value: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// The identifiers of a message text: its JSON leaves when it is JSON, else the identifier
-/// tokens of the text.
-pub fn text_identifiers(content: &str) -> Vec<String> {
-    match parse_json(content) {
-        Some(value) => {
-            let mut out = Vec::new();
-            json_identifiers(&value, &mut out);
-            out
-        }
-        None => {
-            let mut ids: Vec<String> = text::identifiers(content)
-                .into_iter()
-                .filter(|id| !id.contains("://"))
-                .collect();
-            ids.extend(capital_codes(content));
-            ids
-        }
-    }
+/// The identifier tokens of a text that is not JSON.
+pub fn prose_identifiers(content: &str) -> Vec<String> {
+    let mut ids: Vec<String> = text::identifiers(content)
+        .into_iter()
+        .filter(|id| !id.contains("://"))
+        .collect();
+    ids.extend(capital_codes(content));
+    ids
 }
 
 /// Words of three capitals (`PHL`, `ORD`, `EUR`): airport, currency and country codes.

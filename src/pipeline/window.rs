@@ -84,11 +84,12 @@ impl Stage for WindowStage {
             // Depends only on the messages, what is kept of them, the cap and the encoding.
             let key = ledger_key(&request.messages, window_start, &answered, cx);
             let text = cx.memo.text(key, || {
+                let views = ledger::Views::new(cx.memo);
                 let ids = |m: &Message| {
                     let mut hasher = FixedState::with_seed(IDENTIFIERS_SEED).build_hasher();
                     hash_message(m, &mut hasher);
                     cx.memo
-                        .identifiers(hasher.finish(), || ledger::message_identifiers(m))
+                        .identifiers(hasher.finish(), || views.message_ids(m))
                 };
                 let kept_ids: Vec<_> = messages.iter().map(ids).collect();
                 let shown: ledger::Shown<'_> = kept_ids

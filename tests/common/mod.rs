@@ -56,6 +56,15 @@ impl Proxy {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// What `/v1/ctxproxy/explain` says of `body` sent with `headers`.
+    pub async fn explain(&self, body: &serde_json::Value, headers: &[(&str, &str)]) -> serde_json::Value {
+        let mut request = client().post(self.url("/v1/ctxproxy/explain")).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.unwrap().json().await.unwrap()
+    }
+
     /// The proxy's `/metrics` text.
     pub async fn metrics(&self) -> String {
         client()

@@ -16,7 +16,8 @@ use serde_json::Value;
 use crate::openai::{Message, Role};
 use crate::pipeline::Memo;
 use crate::pipeline::identifiers::{
-    call_label, is_strong_identifier, parse_json, prune, render_labelled_once, text_identifiers,
+    call_label, is_strong_identifier, json_identifiers, parse_json, prose_identifiers, prune,
+    render_labelled_once,
 };
 use crate::tokens::TokenCounter;
 
@@ -46,15 +47,6 @@ fn content_text(message: &Message) -> String {
         .get()
         .map(|c| c.text().into_owned())
         .unwrap_or_default()
-}
-
-/// Every identifier a message shows: its content's and its tool calls' arguments.
-pub fn message_identifiers(message: &Message) -> Vec<String> {
-    let mut ids = text_identifiers(&content_text(message));
-    for call in message.tool_calls() {
-        ids.extend(text_identifiers(&call.function.arguments));
-    }
-    ids
 }
 
 /// The ledger lines of `removed` (messages of summarized turns, in order, with their positions
@@ -167,7 +159,7 @@ pub fn lines(
 }
 
 /// Memoized views of a content text (a summarized conversation is read again at every turn).
-struct Views<'a> {
+pub struct Views<'a> {
     memo: &'a Memo,
 }
 
@@ -182,9 +174,32 @@ fn text_key(seed: u64, text: &str) -> u64 {
 }
 
 impl Views<'_> {
-    fn ids(&self, text: &str) -> Arc<[String]> {
-        self.memo
-            .identifiers(text_key(TEXT_IDS_SEED, text), || text_identifiers(text))
+    pub fn new(memo: &Memo) -> Views<'_> {
+        Views { memo }
+    }
+
+    /// The identifiers of a text (see `identifiers::text_identifiers`), from its skeleton when
+    /// it is JSON, so that a text is parsed once.
+    pub fn ids(&self, text: &str) -> Arc<[String]> {
+        self.memo.identifiers(text_key(TEXT_IDS_SEED, text), || {
+            match self.skeleton(text) {
+                Some(tree) => {
+                    let mut out = Vec::new();
+                    json_identifiers(&tree, &mut out);
+                    out
+                }
+                None => prose_identifiers(text),
+            }
+        })
+    }
+
+    /// Every identifier a message shows: its content's and its tool calls' arguments.
+    pub fn message_ids(&self, message: &Message) -> Vec<String> {
+        let mut ids = self.ids(&content_text(message)).to_vec();
+        for call in message.tool_calls() {
+            ids.extend(self.ids(&call.function.arguments).iter().cloned());
+        }
+        ids
     }
 
     /// `Some(Null)` for JSON without identifiers, `None` for text that is not JSON.
