@@ -25,10 +25,9 @@ use crate::tokens::TokenCounter;
 struct Group<'a> {
     /// Position of its message in the conversation (for order and recency).
     position: usize,
-    text: String,
-    /// The same with only the strong identifiers (codes, ids, emails), rendered when the cap
-    /// bites.
-    strong: Box<dyn Fn() -> String + 'a>,
+    /// Its line, with every identifier (`false`) or only the strong ones (codes, ids, emails:
+    /// `true`); empty when it has nothing to say. Rendered only when the selection needs it.
+    render: Box<dyn Fn(bool) -> String + 'a>,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
@@ -41,12 +40,8 @@ pub type Mentions<'a> = HashMap<&'a str, usize, foldhash::fast::RandomState>;
 /// Fewer remaining tokens than this are not worth a cut group.
 const MIN_PARTIAL_TOKENS: usize = 12;
 
-fn content_text(message: &Message) -> String {
-    message
-        .content
-        .get()
-        .map(|c| c.text().into_owned())
-        .unwrap_or_default()
+fn content_of(message: &Message) -> std::borrow::Cow<'_, str> {
+    message.content.get().map(|c| c.text()).unwrap_or_default()
 }
 
 /// The ledger lines of `removed` (messages of summarized turns, in order, with their positions
@@ -64,7 +59,7 @@ pub fn lines(
         return Vec::new();
     }
     let views = Views { memo };
-    let skip = |value: &str| shown.contains(value);
+    let skip: &dyn Fn(&str) -> bool = &|value: &str| shown.contains(value);
     let skip_weak: &dyn Fn(&str) -> bool =
         &|value: &str| shown.contains(value) || !is_strong_identifier(value);
     let views = &views;
@@ -84,7 +79,16 @@ pub fn lines(
         .filter_map(|(_, m)| m.tool_call_id.get().map(|id| (id.as_str(), *m)))
         .collect();
     let mut answered: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
-    let mut groups = Vec::new();
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    // `strong` renders only the strong identifiers; "" when there is nothing to say.
+    let render = move |prefix: &'static str, content: &str, strong: bool| {
+        let found = views.render(content, if strong { skip_weak } else { skip });
+        if found.is_empty() {
+            found
+        } else {
+            format!("{prefix}: {found}")
+        }
+    };
     for &(position, message) in removed {
         match message.role {
             Role::Tool | Role::Function => {
@@ -92,38 +96,26 @@ pub fn lines(
                 if id.is_some_and(|id| answered.contains(id)) {
                     continue;
                 }
-                let content = content_text(message);
-                let text = views.render(&content, &skip);
-                if !text.is_empty() {
-                    let last_mention = last_mention(&[&views.ids(&content)], position);
-                    groups.push(Group {
-                        position,
-                        last_mention,
-                        text: format!("tool result: {text}"),
-                        strong: Box::new(move || {
-                            format!("tool result: {}", views.render(&content, skip_weak))
-                        }),
-                    });
-                }
+                let content = content_of(message);
+                groups.push(Group {
+                    position,
+                    last_mention: last_mention(&[&views.ids(&content)], position),
+                    render: Box::new(move |strong| render("tool result", &content, strong)),
+                });
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
-                let content = content_text(message);
-                let own = views.render(&content, &skip);
-                if !own.is_empty() {
+                let content = content_of(message);
+                if !content.trim().is_empty() {
                     let role = if message.role == Role::User {
                         "user"
                     } else {
                         "assistant"
                     };
-                    let last_mention = last_mention(&[&views.ids(&content)], position);
                     groups.push(Group {
                         position,
-                        last_mention,
-                        text: format!("{role}: {own}"),
-                        strong: Box::new(move || {
-                            format!("{role}: {}", views.render(&content, skip_weak))
-                        }),
+                        last_mention: last_mention(&[&views.ids(&content)], position),
+                        render: Box::new(move |strong| render(role, &content, strong)),
                     });
                 }
                 for call in message.tool_calls() {
@@ -131,24 +123,21 @@ pub fn lines(
                     if result.is_some() {
                         answered.insert(call.id.as_str());
                     }
-                    let result_text = result.map(|m| content_text(m)).unwrap_or_default();
+                    let result_text = result.map(|m| content_of(m)).unwrap_or_default();
                     let arguments = views.ids(&call.function.arguments);
                     let found_ids = views.ids(&result_text);
-                    let label = call_label(&call.function.name, &call.function.arguments);
-                    let with = move |label: &str, found: String| {
-                        if found.is_empty() {
-                            label.to_owned()
-                        } else {
-                            format!("{label} → {found}")
-                        }
-                    };
-                    let text = with(&label, views.render(&result_text, &skip));
                     groups.push(Group {
                         position,
                         last_mention: last_mention(&[&arguments, &found_ids], position),
-                        text,
-                        strong: Box::new(move || {
-                            with(&label, views.render(&result_text, skip_weak))
+                        render: Box::new(move |strong| {
+                            let label = call_label(&call.function.name, &call.function.arguments);
+                            let found =
+                                views.render(&result_text, if strong { skip_weak } else { skip });
+                            if found.is_empty() {
+                                label
+                            } else {
+                                format!("{label} → {found}")
+                            }
                         }),
                     });
                 }
@@ -195,7 +184,7 @@ impl Views<'_> {
 
     /// Every identifier a message shows: its content's and its tool calls' arguments.
     pub fn message_ids(&self, message: &Message) -> Vec<String> {
-        let mut ids = self.ids(&content_text(message)).to_vec();
+        let mut ids = self.ids(&content_of(message)).to_vec();
         for call in message.tool_calls() {
             ids.extend(self.ids(&call.function.arguments).iter().cloned());
         }
@@ -230,60 +219,63 @@ impl Views<'_> {
     }
 }
 
-/// The groups within `max_tokens`, in conversation order. When the cap bites, the groups
-/// mentioned least recently keep only their strong identifiers first; then the most recently
-/// mentioned groups that fit stay, and one that does not fit whole is cut between two values.
-fn select(mut groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
-    // Least important first.
+/// The groups within `max_tokens`, in conversation order, most recently mentioned first (being
+/// referred to again counts as recent): first the strong identifiers of as many groups as fit
+/// (a group that does not fit whole is cut between two values), then, with what is left, every
+/// identifier of the groups that fit whole.
+fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
         let (a, b) = (&groups[a], &groups[b]);
-        a.last_mention
-            .cmp(&b.last_mention)
-            .then(a.position.cmp(&b.position))
+        b.last_mention
+            .cmp(&a.last_mention)
+            .then(b.position.cmp(&a.position))
     });
     // "- " and the newline of each line.
-    let mut tokens: Vec<usize> = groups
-        .iter()
-        .map(|g| counter.text_recurring(&g.text) + 2)
-        .collect();
-    let mut total: usize = tokens.iter().sum();
-    for &index in &order {
-        if total <= max_tokens {
-            break;
-        }
-        let group = &mut groups[index];
-        let strong = (group.strong)();
-        if strong.len() < group.text.len() {
-            group.text = strong;
-            let strong = counter.text_recurring(&group.text) + 2;
-            total = total - tokens[index] + strong.min(tokens[index]);
-            tokens[index] = strong;
-        }
-    }
-    if total <= max_tokens {
-        return groups.into_iter().map(|g| g.text).collect();
-    }
+    let tokens = |text: &str| counter.text_recurring(text) + 2;
     let mut left = max_tokens;
-    let mut kept: Vec<(usize, String)> = Vec::new();
-    for &index in order.iter().rev() {
-        let text = &groups[index].text;
-        if tokens[index] <= left {
-            left -= tokens[index];
-            kept.push((index, text.clone()));
-        } else if left >= MIN_PARTIAL_TOKENS {
-            let cut = cut_to_tokens(text, left - 2, counter);
-            if !cut.is_empty() {
-                left = left.saturating_sub(counter.text(&cut) + 2);
-                kept.push((index, cut));
-            }
-        }
+    let mut chosen: Vec<Option<(String, usize)>> = groups.iter().map(|_| None).collect();
+    for &index in &order {
         if left < MIN_PARTIAL_TOKENS {
             break;
         }
+        let strong = (groups[index].render)(true);
+        if strong.is_empty() {
+            continue;
+        }
+        let cost = tokens(&strong);
+        if cost <= left {
+            left -= cost;
+            chosen[index] = Some((strong, cost));
+        } else {
+            let cut = cut_to_tokens(&strong, left - 2, counter);
+            if !cut.is_empty() {
+                let cost = tokens(&cut).min(left);
+                left -= cost;
+                chosen[index] = Some((cut, cost));
+            }
+        }
     }
-    kept.sort_by_key(|(index, _)| *index);
-    kept.into_iter().map(|(_, text)| text).collect()
+    for &index in &order {
+        if left < MIN_PARTIAL_TOKENS {
+            break;
+        }
+        let spent = chosen[index].as_ref().map_or(0, |(_, cost)| *cost);
+        let full = (groups[index].render)(false);
+        if full.is_empty() || chosen[index].as_ref().is_some_and(|(s, _)| s.len() >= full.len()) {
+            continue;
+        }
+        let cost = tokens(&full);
+        if cost <= left + spent {
+            left = left + spent - cost;
+            chosen[index] = Some((full, cost));
+        }
+    }
+    chosen
+        .into_iter()
+        .flatten()
+        .map(|(text, _)| text)
+        .collect()
 }
 
 /// The longest prefix of `text` ending between two values (`, ` or `; `) within `max_tokens`,
