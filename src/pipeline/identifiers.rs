@@ -332,7 +332,10 @@ mod tests {
         let skeleton = prune(&value).unwrap();
         let skips: [&dyn Fn(&str) -> bool; 2] = [&|_| false, &|v| v == "#W1" || v == "466.75"];
         for skip in skips {
-            assert_eq!(render_labelled(&skeleton, skip), render_labelled(&value, skip));
+            assert_eq!(
+                render_labelled(&skeleton, skip),
+                render_labelled(&value, skip)
+            );
         }
     }
 

@@ -43,7 +43,12 @@ impl Memo {
 
     /// The identifiers for `key` (one message's), found by `make` on a miss.
     pub fn identifiers(&self, key: u64, make: impl FnOnce() -> Vec<String>) -> Arc<[String]> {
-        if let Some(hit) = self.identifiers.lock().ok().and_then(|e| e.get(&key).cloned()) {
+        if let Some(hit) = self
+            .identifiers
+            .lock()
+            .ok()
+            .and_then(|e| e.get(&key).cloned())
+        {
             return hit;
         }
         let value: Arc<[String]> = make().into();
@@ -62,7 +67,12 @@ impl Memo {
         key: u64,
         make: impl FnOnce() -> Option<serde_json::Value>,
     ) -> Option<Arc<serde_json::Value>> {
-        if let Some(hit) = self.skeletons.lock().ok().and_then(|e| e.get(&key).cloned()) {
+        if let Some(hit) = self
+            .skeletons
+            .lock()
+            .ok()
+            .and_then(|e| e.get(&key).cloned())
+        {
             return hit;
         }
         let value = make().map(Arc::new);

@@ -57,7 +57,11 @@ impl Proxy {
     }
 
     /// What `/v1/ctxproxy/explain` says of `body` sent with `headers`.
-    pub async fn explain(&self, body: &serde_json::Value, headers: &[(&str, &str)]) -> serde_json::Value {
+    pub async fn explain(
+        &self,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> serde_json::Value {
         let mut request = client().post(self.url("/v1/ctxproxy/explain")).json(body);
         for (name, value) in headers {
             request = request.header(*name, *value);

@@ -262,7 +262,11 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
         }
         let spent = chosen[index].as_ref().map_or(0, |(_, cost)| *cost);
         let full = (groups[index].render)(false);
-        if full.is_empty() || chosen[index].as_ref().is_some_and(|(s, _)| s.len() >= full.len()) {
+        if full.is_empty()
+            || chosen[index]
+                .as_ref()
+                .is_some_and(|(s, _)| s.len() >= full.len())
+        {
             continue;
         }
         let cost = tokens(&full);
@@ -271,11 +275,7 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
             chosen[index] = Some((full, cost));
         }
     }
-    chosen
-        .into_iter()
-        .flatten()
-        .map(|(text, _)| text)
-        .collect()
+    chosen.into_iter().flatten().map(|(text, _)| text).collect()
 }
 
 /// The longest prefix of `text` ending between two values (`, ` or `; `) within `max_tokens`,
@@ -326,7 +326,14 @@ mod tests {
         let all = conversation();
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
-        let lines = lines(&removed, &Shown::default(), &Mentions::default(), 500, &counter, &Memo::default());
+        let lines = lines(
+            &removed,
+            &Shown::default(),
+            &Mentions::default(),
+            500,
+            &counter,
+            &Memo::default(),
+        );
         assert_eq!(
             lines,
             vec![
@@ -343,7 +350,14 @@ mod tests {
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
         let shown: Shown<'_> = ["#W9348897"].into_iter().collect();
-        let lines_shown = lines(&removed, &shown, &Mentions::default(), 500, &counter, &Memo::default());
+        let lines_shown = lines(
+            &removed,
+            &shown,
+            &Mentions::default(),
+            500,
+            &counter,
+            &Memo::default(),
+        );
         assert_eq!(
             lines_shown[1],
             "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416"
@@ -351,7 +365,14 @@ mod tests {
         assert_eq!(lines_shown[2], "assistant: $481.50");
         // The user's zip is mentioned again later: it outranks the newer assistant line.
         let mentions: Mentions<'_> = [("80298", 9)].into_iter().collect();
-        let capped = lines(&removed, &Shown::default(), &mentions, 14, &counter, &Memo::default());
+        let capped = lines(
+            &removed,
+            &Shown::default(),
+            &mentions,
+            14,
+            &counter,
+            &Memo::default(),
+        );
         assert_eq!(capped, vec!["user: 80298, W9348897"]);
     }
 }
