@@ -127,10 +127,11 @@ pub fn prune(value: &Value) -> Option<Value> {
                     Some(kept) => {
                         out.insert(key.clone(), kept);
                     }
-                    None if child.is_object() || child.is_array() => {
-                        if is_identifier_value(key) && key.chars().any(|c| c.is_ascii_digit()) {
-                            out.insert(key.clone(), Value::Object(serde_json::Map::new()));
-                        }
+                    None if (child.is_object() || child.is_array())
+                        && is_identifier_value(key)
+                        && key.chars().any(|c| c.is_ascii_digit()) =>
+                    {
+                        out.insert(key.clone(), Value::Object(serde_json::Map::new()));
                     }
                     None => {}
                 }
@@ -179,10 +180,8 @@ pub fn render_labelled_once(value: &Value, skip: &dyn Fn(&str) -> bool) -> Strin
 type Said<'a> = Option<&'a mut HashSet<u64, foldhash::fast::RandomState>>;
 
 fn pair_hash(key: &str, value: &str) -> u64 {
-    use std::hash::{BuildHasher, Hash, Hasher};
-    let mut hasher = foldhash::quality::FixedState::with_seed(0x7361_6964).build_hasher();
-    (key, value).hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x7361_6964).hash_one((key, value))
 }
 
 fn render_into(

@@ -7,7 +7,7 @@
 //! groups whose values were mentioned latest (being referred to again counts as recent) stay.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use foldhash::quality::FixedState;
@@ -157,9 +157,7 @@ const TEXT_IDS_SEED: u64 = 0x7465_7874_6964_0001;
 const SKELETON_SEED: u64 = 0x736b_656c_6574_0001;
 
 fn text_key(seed: u64, text: &str) -> u64 {
-    let mut hasher = FixedState::with_seed(seed).build_hasher();
-    text.hash(&mut hasher);
-    hasher.finish()
+    FixedState::with_seed(seed).hash_one(text)
 }
 
 impl Views<'_> {
