@@ -6,6 +6,10 @@
 //! user messages continue one topic, 4 for chit-chat), starts after a topic shift, and is
 //! capped in tokens. Older turns are cut in segments of 3 counted from the start of the
 //! conversation, so the window moves in steps and consecutive requests share a prefix.
+//!
+//! It never removes the working set: the assistant message the last user message answers stays
+//! even when its turn is summarized. What the summarized turns held goes to the ledger, word
+//! for word (`ledger.rs`).
 
 mod facts;
 mod ledger;
@@ -81,8 +85,11 @@ impl Stage for WindowStage {
             })
             .collect();
         let ledger = if cx.config.window.ledger_max_tokens > 0 {
-            // Depends only on the messages, what is kept of them, the cap and the encoding.
-            let key = ledger_key(&request.messages, window_start, &answered, cx);
+            // Depends only on what comes before the window (so it stays byte for byte the same
+            // until the window moves: prefix stability, and computed once), the answered
+            // message kept, the cap and the encoding.
+            let before_window = &request.messages[..window_start];
+            let key = ledger_key(before_window, &answered, cx);
             let text = cx.memo.text(key, || {
                 let views = ledger::Views::new(cx.memo);
                 let ids = |m: &Message| {
@@ -91,12 +98,20 @@ impl Stage for WindowStage {
                     cx.memo
                         .identifiers(hasher.finish(), || views.message_ids(m))
                 };
-                let kept_ids: Vec<_> = messages.iter().map(ids).collect();
+                // Shown before the window: the instructions and the answered message.
+                let kept_ids: Vec<_> = before_window
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, m)| {
+                        answered.contains(i) || matches!(m.role, Role::System | Role::Developer)
+                    })
+                    .map(|(_, m)| ids(m))
+                    .collect();
                 let shown: ledger::Shown<'_> = kept_ids
                     .iter()
                     .flat_map(|ids| ids.iter().map(String::as_str))
                     .collect();
-                let all_ids: Vec<_> = request.messages.iter().map(ids).collect();
+                let all_ids: Vec<_> = before_window.iter().map(ids).collect();
                 let mut mentions = ledger::Mentions::default();
                 for (position, ids) in all_ids.iter().enumerate() {
                     for id in ids.iter() {
@@ -169,17 +184,12 @@ impl Stage for WindowStage {
 const LEDGER_SEED: u64 = 0x6c65_6467_6572_0001;
 const IDENTIFIERS_SEED: u64 = 0x6964_656e_7469_0001;
 
-/// Everything a ledger depends on: the messages, where the window starts, the answered message
-/// kept, the cap and the encoding.
-fn ledger_key(
-    messages: &[Message],
-    window_start: usize,
-    answered: &std::ops::Range<usize>,
-    cx: &StageCx<'_>,
-) -> u64 {
+/// Everything a ledger depends on: the messages before the window, the answered message kept,
+/// the cap and the encoding.
+fn ledger_key(messages: &[Message], answered: &std::ops::Range<usize>, cx: &StageCx<'_>) -> u64 {
     let mut hasher = FixedState::with_seed(LEDGER_SEED).build_hasher();
     cx.counter.encoding().hash(&mut hasher);
-    (window_start, answered.start, answered.end).hash(&mut hasher);
+    (answered.start, answered.end).hash(&mut hasher);
     (cx.config.window.ledger_max_tokens, messages.len()).hash(&mut hasher);
     for message in messages {
         hash_message(message, &mut hasher);

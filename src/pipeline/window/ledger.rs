@@ -3,8 +3,10 @@
 //! a user message or an assistant message, with their labels:
 //! `get_order_details(order_id: #W1) → status: pending, items: [item_id: 6117189161, price: 481.5]`.
 //!
-//! A value the rewritten request still shows is not repeated. Within `ledger_max_tokens`, the
-//! groups whose values were mentioned latest (being referred to again counts as recent) stay.
+//! The ledger is built from the turns before the window only, so it stays the same until the
+//! window moves. A value the instructions or the answered message show is not repeated. Within
+//! `ledger_max_tokens`, the groups whose values were mentioned latest (being referred to again
+//! counts as recent) go first: their strong identifiers, then everything where it fits.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
