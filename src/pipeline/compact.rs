@@ -92,12 +92,7 @@ impl Stage for CompactStage {
             let compacted = match parse_json(&text) {
                 Some(value) if protected => {
                     json_compacted += 1;
-                    let rules = Rules {
-                        keep: Some(&keep),
-                        max_string_chars: cx.config.compact.max_string_chars,
-                        list_cap: usize::MAX,
-                        keep_cut_identifiers: true,
-                    };
+                    let rules = Rules::lossless(cx.config.compact.max_string_chars);
                     serde_json::to_string(&compact_value(&value, &rules)).unwrap_or_default()
                 }
                 Some(value) => {
@@ -237,13 +232,13 @@ struct Rules<'a> {
     keep_cut_identifiers: bool,
 }
 
-#[cfg(test)]
 impl Rules<'_> {
-    /// Every field stays: only nulls, empties and long prose go.
-    fn lossless(params: &super::Params) -> Rules<'static> {
+    /// For the working set: every field stays; only nulls, empties and long prose go, and cut
+    /// prose lists the identifiers and numbers it held.
+    fn lossless(max_string_chars: usize) -> Rules<'static> {
         Rules {
             keep: None,
-            max_string_chars: params.max_string_chars,
+            max_string_chars,
             list_cap: usize::MAX,
             keep_cut_identifiers: true,
         }
@@ -538,8 +533,7 @@ mod tests {
         let order = json!({"order_id": "#W9348897", "note": null, "tags": [],
             "items": [{"item_id": "6117189161", "price": 481.5, "qty": 1, "available": true,
                 "review": "word ".repeat(100)}]});
-        let params = Params::from_config(&PipelineConfig::default());
-        let out = compact_value(&order, &Rules::lossless(&params));
+        let out = compact_value(&order, &Rules::lossless(300));
         assert_eq!(out["order_id"], "#W9348897");
         assert_eq!(out["items"][0]["item_id"], "6117189161");
         assert_eq!(out["items"][0]["price"], 481.5);

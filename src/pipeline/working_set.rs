@@ -41,15 +41,14 @@ impl WorkingSet {
         if recent_tool_steps > 0 {
             for index in (loop_start..messages.len()).rev() {
                 let message = &messages[index];
-                if matches!(message.role, Role::System | Role::Developer | Role::User) {
+                if message.role == Role::User {
                     break;
                 }
                 recent_from = index;
-                if message.role == Role::Assistant {
-                    calls += message.tool_calls().len().max(1);
-                    if calls >= recent_tool_steps {
-                        break;
-                    }
+                // Text-only messages and instructions in the loop are kept, but only calls count.
+                calls += message.tool_calls().len();
+                if calls >= recent_tool_steps {
+                    break;
                 }
             }
         }
@@ -121,6 +120,20 @@ mod tests {
         // The last 4 calls: messages 13..21.
         assert_eq!(ws.recent_from, 13);
         assert!(ws.contains(0) && !ws.contains(12) && ws.contains(13));
+    }
+
+    #[test]
+    fn only_calls_count_and_instructions_do_not_end_the_loop() {
+        let all = messages(json!([
+            {"role": "user", "content": "task"},
+            call("1"), result("1"),
+            call("2"), result("2"),
+            {"role": "system", "content": "reminder"},
+            {"role": "assistant", "content": "checking…"},
+            call("3"), result("3")
+        ]));
+        assert_eq!(WorkingSet::of(&all, 3).recent_from, 1);
+        assert_eq!(WorkingSet::of(&all, 2).recent_from, 3);
     }
 
     #[test]

@@ -75,12 +75,8 @@ pub fn lines(
             .unwrap_or(position)
             .max(position)
     };
-    let results: HashMap<&str, &Message, foldhash::fast::RandomState> = removed
-        .iter()
-        .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
-        .filter_map(|(_, m)| m.tool_call_id.get().map(|id| (id.as_str(), *m)))
-        .collect();
-    let mut answered: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
+    // Tool messages already shown with the call they answer (by index into `removed`).
+    let mut answered: HashSet<usize, foldhash::fast::RandomState> = HashSet::default();
     let mut groups: Vec<Group<'_>> = Vec::new();
     // `strong` renders only the strong identifiers; "" when there is nothing to say.
     let render = move |prefix: &'static str, content: &str, strong: bool| {
@@ -91,11 +87,10 @@ pub fn lines(
             format!("{prefix}: {found}")
         }
     };
-    for &(position, message) in removed {
+    for (index, &(position, message)) in removed.iter().enumerate() {
         match message.role {
             Role::Tool | Role::Function => {
-                let id = message.tool_call_id.get().map(String::as_str);
-                if id.is_some_and(|id| answered.contains(id)) {
+                if answered.contains(&index) {
                     continue;
                 }
                 let content = content_of(message);
@@ -120,12 +115,22 @@ pub fn lines(
                         render: Box::new(move |strong| render(role, &content, strong)),
                     });
                 }
+                // A call's result is among the tool messages right after it (ids may repeat
+                // across turns).
+                let block = removed[index + 1..]
+                    .iter()
+                    .take_while(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
+                    .count();
                 for call in message.tool_calls() {
-                    let result = results.get(call.id.as_str());
-                    if result.is_some() {
-                        answered.insert(call.id.as_str());
+                    let result = (index + 1..index + 1 + block).find(|&k| {
+                        !answered.contains(&k)
+                            && removed[k].1.tool_call_id.get().map(String::as_str)
+                                == Some(call.id.as_str())
+                    });
+                    if let Some(k) = result {
+                        answered.insert(k);
                     }
-                    let result_text = result.map(|m| content_of(m)).unwrap_or_default();
+                    let result_text = result.map(|k| content_of(removed[k].1)).unwrap_or_default();
                     let arguments = views.ids(&call.function.arguments);
                     let found_ids = views.ids(&result_text);
                     groups.push(Group {
@@ -340,6 +345,35 @@ mod tests {
                 "user: 80298, W9348897",
                 "get_order_details(order_id: #W9348897) → order_id: #W9348897, items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416",
                 "assistant: #W9348897, $481.50",
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_pair_with_the_results_right_after_them_even_when_ids_repeat() {
+        let all = messages(json!([
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function",
+                "function": {"name": "get_order", "arguments": "{\"order_id\": \"#W1\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "{\"item_id\": \"6117189161\"}"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function",
+                "function": {"name": "get_user", "arguments": "{\"user_id\": \"u_22\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "{\"card\": \"credit_card_88\"}"}
+        ]));
+        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let lines = lines(
+            &removed,
+            &Shown::default(),
+            &Mentions::default(),
+            500,
+            &counter,
+            &Memo::default(),
+        );
+        assert_eq!(
+            lines,
+            vec![
+                "get_order(order_id: #W1) → item_id: 6117189161",
+                "get_user(user_id: u_22) → card: credit_card_88",
             ]
         );
     }
