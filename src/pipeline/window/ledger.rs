@@ -326,21 +326,25 @@ mod tests {
         ]))
     }
 
-    #[test]
-    fn groups_keep_labels_and_values_word_for_word() {
-        let all = conversation();
+    /// The ledger of a whole conversation, nothing shown, no later mention, a roomy cap.
+    fn ledger_of(all: &[Message]) -> Vec<String> {
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
-        let lines = lines(
+        lines(
             &removed,
             &Shown::default(),
             &Mentions::default(),
             500,
             &counter,
             &Memo::default(),
-        );
+        )
+    }
+
+    #[test]
+    fn groups_keep_labels_and_values_word_for_word() {
+        let all = conversation();
         assert_eq!(
-            lines,
+            ledger_of(&all),
             vec![
                 "user: 80298, W9348897",
                 "get_order_details(order_id: #W9348897) → order_id: #W9348897, items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416",
@@ -359,18 +363,8 @@ mod tests {
                 "function": {"name": "get_user", "arguments": "{\"user_id\": \"u_22\"}"}}]},
             {"role": "tool", "tool_call_id": "call_0", "content": "{\"card\": \"credit_card_88\"}"}
         ]));
-        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let lines = lines(
-            &removed,
-            &Shown::default(),
-            &Mentions::default(),
-            500,
-            &counter,
-            &Memo::default(),
-        );
         assert_eq!(
-            lines,
+            ledger_of(&all),
             vec![
                 "get_order(order_id: #W1) → item_id: 6117189161",
                 "get_user(user_id: u_22) → card: credit_card_88",
