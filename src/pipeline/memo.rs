@@ -28,37 +28,12 @@ pub struct Memo {
 impl Memo {
     /// The text for `key`, computed by `make` on a miss.
     pub fn text(&self, key: u64, make: impl FnOnce() -> String) -> Arc<str> {
-        if let Some(hit) = self.entries.lock().ok().and_then(|e| e.get(&key).cloned()) {
-            return hit;
-        }
-        let value: Arc<str> = make().into();
-        if let Ok(mut entries) = self.entries.lock() {
-            if entries.len() >= CAPACITY {
-                entries.clear();
-            }
-            entries.insert(key, Arc::clone(&value));
-        }
-        value
+        cached(&self.entries, CAPACITY, key, || make().into())
     }
 
-    /// The identifiers for `key` (one message's), found by `make` on a miss.
+    /// The identifiers for `key` (one message's or one text's), found by `make` on a miss.
     pub fn identifiers(&self, key: u64, make: impl FnOnce() -> Vec<String>) -> Arc<[String]> {
-        if let Some(hit) = self
-            .identifiers
-            .lock()
-            .ok()
-            .and_then(|e| e.get(&key).cloned())
-        {
-            return hit;
-        }
-        let value: Arc<[String]> = make().into();
-        if let Ok(mut entries) = self.identifiers.lock() {
-            if entries.len() >= CAPACITY {
-                entries.clear();
-            }
-            entries.insert(key, Arc::clone(&value));
-        }
-        value
+        cached(&self.identifiers, CAPACITY, key, || make().into())
     }
 
     /// The identifier skeleton for `key` (one JSON text's; `None` when not JSON or empty).
@@ -67,38 +42,34 @@ impl Memo {
         key: u64,
         make: impl FnOnce() -> Option<serde_json::Value>,
     ) -> Option<Arc<serde_json::Value>> {
-        if let Some(hit) = self
-            .skeletons
-            .lock()
-            .ok()
-            .and_then(|e| e.get(&key).cloned())
-        {
-            return hit;
-        }
-        let value = make().map(Arc::new);
-        if let Ok(mut entries) = self.skeletons.lock() {
-            if entries.len() >= CAPACITY {
-                entries.clear();
-            }
-            entries.insert(key, value.clone());
-        }
-        value
+        cached(&self.skeletons, CAPACITY, key, || make().map(Arc::new))
     }
 
     /// The catalog for `key`, built by `make` on a miss.
     pub fn catalog(&self, key: u64, make: impl FnOnce() -> Catalog) -> Arc<Catalog> {
-        if let Some(hit) = self.catalogs.lock().ok().and_then(|c| c.get(&key).cloned()) {
-            return hit;
-        }
-        let value = Arc::new(make());
-        if let Ok(mut catalogs) = self.catalogs.lock() {
-            if catalogs.len() >= CATALOG_CAPACITY {
-                catalogs.clear();
-            }
-            catalogs.insert(key, Arc::clone(&value));
-        }
-        value
+        cached(&self.catalogs, CATALOG_CAPACITY, key, || Arc::new(make()))
     }
+}
+
+/// The value for `key` in `map`, made on a miss; the map is cleared when it reaches `capacity`.
+/// A poisoned lock only costs the caching.
+fn cached<V: Clone>(
+    map: &Mutex<HashMap<u64, V>>,
+    capacity: usize,
+    key: u64,
+    make: impl FnOnce() -> V,
+) -> V {
+    if let Some(hit) = map.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return hit;
+    }
+    let value = make();
+    if let Ok(mut entries) = map.lock() {
+        if entries.len() >= capacity {
+            entries.clear();
+        }
+        entries.insert(key, value.clone());
+    }
+    value
 }
 
 #[cfg(test)]
