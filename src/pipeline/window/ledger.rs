@@ -4,7 +4,9 @@
 //! `get_order_details(order_id: #W1) → status: pending, items: [item_id: 6117189161, price: 481.5]`.
 //!
 //! The ledger is built from the turns before the window only, so it stays the same until the
-//! window moves. A value the instructions or the answered message show is not repeated. Within
+//! window moves. A value the instructions or the answered message show is not repeated, and a
+//! value is said once, on the line mentioned latest. An assistant's code blocks and acronyms
+//! (`API`, `SQL`) are its content, not references, and stay out. Within
 //! `ledger_max_tokens`, the groups whose values were mentioned latest (being referred to again
 //! counts as recent) go first: their strong identifiers, then everything where it fits.
 
@@ -28,8 +30,13 @@ struct Group<'a> {
     /// Position of its message in the conversation (for order and recency).
     position: usize,
     /// Its line, with every identifier (`false`) or only the strong ones (codes, ids, emails:
-    /// `true`); empty when it has nothing to say. Rendered only when the selection needs it.
-    render: Box<dyn Fn(bool) -> String + 'a>,
+    /// `true`), leaving out the values the second argument says another line shows; empty when
+    /// it has nothing to say. Rendered only when the selection needs it.
+    render: Box<dyn Fn(bool, &dyn Fn(&str) -> bool) -> String + 'a>,
+    /// The identifiers it holds.
+    values: Vec<Arc<[String]>>,
+    /// A user or assistant message, rather than a tool call or result.
+    prose: bool,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
@@ -61,11 +68,12 @@ pub fn lines(
         return Vec::new();
     }
     let views = Views { memo };
-    let skip: &dyn Fn(&str) -> bool = &|value: &str| shown.contains(value);
-    let skip_weak: &dyn Fn(&str) -> bool =
-        &|value: &str| shown.contains(value) || !is_strong_identifier(value);
     let views = &views;
-    let last_mention = |values: &[&[String]], position: usize| {
+    // What a line leaves out: values shown elsewhere, and weak ones in its strong version.
+    let skip = move |value: &str, strong: bool, elsewhere: &dyn Fn(&str) -> bool| {
+        shown.contains(value) || elsewhere(value) || (strong && !is_strong_identifier(value))
+    };
+    let last_mention = |values: &[Arc<[String]>], position: usize| {
         values
             .iter()
             .flat_map(|v| v.iter())
@@ -79,8 +87,11 @@ pub fn lines(
     let mut answered: HashSet<usize, foldhash::fast::RandomState> = HashSet::default();
     let mut groups: Vec<Group<'_>> = Vec::new();
     // `strong` renders only the strong identifiers; "" when there is nothing to say.
-    let render = move |prefix: &'static str, content: &str, strong: bool| {
-        let found = views.render(content, if strong { skip_weak } else { skip });
+    let render = move |prefix: &'static str,
+                       content: &str,
+                       strong: bool,
+                       elsewhere: &dyn Fn(&str) -> bool| {
+        let found = views.render(content, &|v| skip(v, strong, elsewhere));
         if found.is_empty() {
             found
         } else {
@@ -94,25 +105,46 @@ pub fn lines(
                     continue;
                 }
                 let content = content_of(message);
+                let values = vec![views.ids(&content)];
                 groups.push(Group {
                     position,
-                    last_mention: last_mention(&[&views.ids(&content)], position),
-                    render: Box::new(move |strong| render("tool result", &content, strong)),
+                    last_mention: last_mention(&values, position),
+                    values,
+                    prose: false,
+                    render: Box::new(move |strong, elsewhere| {
+                        render("tool result", &content, strong, elsewhere)
+                    }),
                 });
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
-                let content = content_of(message);
+                let content = match message.role {
+                    // The code an assistant wrote is content, not a reference to reuse.
+                    Role::Assistant => without_code_blocks(content_of(message)),
+                    _ => content_of(message),
+                };
                 if !content.trim().is_empty() {
                     let role = if message.role == Role::User {
                         "user"
                     } else {
                         "assistant"
                     };
+                    let assistant = message.role == Role::Assistant;
+                    let ids = views.ids(&content);
+                    let values: Vec<Arc<[String]>> = if assistant {
+                        vec![ids.iter().filter(|v| !is_acronym(v)).cloned().collect()]
+                    } else {
+                        vec![ids]
+                    };
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&[&views.ids(&content)], position),
-                        render: Box::new(move |strong| render(role, &content, strong)),
+                        last_mention: last_mention(&values, position),
+                        values,
+                        prose: true,
+                        render: Box::new(move |strong, elsewhere| {
+                            let elsewhere = |v: &str| elsewhere(v) || (assistant && is_acronym(v));
+                            render(role, &content, strong, &elsewhere)
+                        }),
                     });
                 }
                 // A call's result is among the tool messages right after it (ids may repeat
@@ -131,15 +163,15 @@ pub fn lines(
                         answered.insert(k);
                     }
                     let result_text = result.map(|k| content_of(removed[k].1)).unwrap_or_default();
-                    let arguments = views.ids(&call.function.arguments);
-                    let found_ids = views.ids(&result_text);
+                    let values = vec![views.ids(&call.function.arguments), views.ids(&result_text)];
                     groups.push(Group {
                         position,
-                        last_mention: last_mention(&[&arguments, &found_ids], position),
-                        render: Box::new(move |strong| {
+                        last_mention: last_mention(&values, position),
+                        values,
+                        prose: false,
+                        render: Box::new(move |strong, elsewhere| {
                             let label = call_label(&call.function.name, &call.function.arguments);
-                            let found =
-                                views.render(&result_text, if strong { skip_weak } else { skip });
+                            let found = views.render(&result_text, &|v| skip(v, strong, elsewhere));
                             if found.is_empty() {
                                 label
                             } else {
@@ -152,6 +184,28 @@ pub fn lines(
         }
     }
     select(groups, max_tokens, counter)
+}
+
+/// An all-capitals word (`API`, `SQL`): in an assistant's prose, a term rather than a code.
+fn is_acronym(value: &str) -> bool {
+    value.chars().all(|c| c.is_ascii_uppercase())
+}
+
+/// `text` without its fenced code blocks (an unclosed fence runs to the end).
+fn without_code_blocks(text: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, str> {
+    if !text.contains("```") {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut in_code = false;
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code {
+            out.push_str(line);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Memoized views of a content text (a summarized conversation is read again at every turn).
@@ -236,6 +290,25 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
             .cmp(&a.last_mention)
             .then(b.position.cmp(&a.position))
     });
+    // A tool call's line keeps its result whole (labels and rows hang together). A message's
+    // line says what no tool line holds, once: the first message line in that order has it.
+    let mut owner: HashMap<&str, Option<usize>, foldhash::fast::RandomState> = HashMap::default();
+    for group in groups.iter().filter(|g| !g.prose) {
+        for value in group.values.iter().flat_map(|v| v.iter()) {
+            owner.insert(value.as_str(), None);
+        }
+    }
+    for &index in order.iter().filter(|&&i| groups[i].prose) {
+        for value in groups[index].values.iter().flat_map(|v| v.iter()) {
+            owner.entry(value.as_str()).or_insert(Some(index));
+        }
+    }
+    let render = |index: usize, strong: bool| {
+        let elsewhere = |value: &str| {
+            groups[index].prose && owner.get(value).is_some_and(|&o| o != Some(index))
+        };
+        (groups[index].render)(strong, &elsewhere)
+    };
     // "- " and the newline of each line.
     let tokens = |text: &str| counter.text_recurring(text) + 2;
     let mut left = max_tokens;
@@ -244,7 +317,7 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
         if left < MIN_PARTIAL_TOKENS {
             break;
         }
-        let strong = (groups[index].render)(true);
+        let strong = render(index, true);
         if strong.is_empty() {
             continue;
         }
@@ -266,7 +339,7 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
             break;
         }
         let spent = chosen[index].as_ref().map_or(0, |(_, cost)| *cost);
-        let full = (groups[index].render)(false);
+        let full = render(index, false);
         if full.is_empty()
             || chosen[index]
                 .as_ref()
@@ -348,7 +421,8 @@ mod tests {
             vec![
                 "user: 80298, W9348897",
                 "get_order_details(order_id: #W9348897) → order_id: #W9348897, items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416",
-                "assistant: #W9348897, $481.50",
+                // The order id is on the tool line already.
+                "assistant: $481.50",
             ]
         );
     }
@@ -369,6 +443,31 @@ mod tests {
                 "get_order(order_id: #W1) → item_id: 6117189161",
                 "get_user(user_id: u_22) → card: credit_card_88",
             ]
+        );
+    }
+
+    #[test]
+    fn a_value_is_said_once_by_the_line_mentioned_latest() {
+        let all = messages(json!([
+            {"role": "user", "content": "Order W101 and order W202 please"},
+            {"role": "assistant", "content": "W202 is delayed, W303 too."}
+        ]));
+        assert_eq!(
+            ledger_of(&all),
+            vec!["user: W101", "assistant: W202, W303"],
+            "W202 belongs to the later line only"
+        );
+    }
+
+    #[test]
+    fn assistant_code_and_acronyms_are_not_ledgered() {
+        let all = messages(json!([
+            {"role": "user", "content": "Why does my PHP call to /api/v2 fail with 500?"},
+            {"role": "assistant", "content": "The API returns 500 for order W77.\n```php\n$x = fetch('/api/v3', max_length=20);\n```\nCheck the SQL."}
+        ]));
+        assert_eq!(
+            ledger_of(&all),
+            vec!["user: /api/v2, PHP", "assistant: 500, W77"]
         );
     }
 
