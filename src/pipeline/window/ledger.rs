@@ -32,7 +32,7 @@ struct Group<'a> {
     /// Its line, with every identifier (`false`) or only the strong ones (codes, ids, emails:
     /// `true`), leaving out the values the second argument says another line shows; empty when
     /// it has nothing to say. Rendered only when the selection needs it.
-    render: Box<dyn Fn(bool, &dyn Fn(&str) -> bool) -> String + 'a>,
+    render: Box<Render<'a>>,
     /// The identifiers it holds.
     values: Vec<Arc<[String]>>,
     /// A user or assistant message, rather than a tool call or result.
@@ -40,6 +40,9 @@ struct Group<'a> {
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
+
+/// Renders a line: `(strong only, shown on another line) -> text`.
+type Render<'a> = dyn Fn(bool, &dyn Fn(&str) -> bool) -> String + 'a;
 
 /// Values the rewritten request still shows.
 pub type Shown<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
