@@ -1,12 +1,13 @@
 //! A process-wide memo of derived values keyed by a hash of their inputs: segment summaries,
-//! ledgers and stubs, the identifiers of each message, and the tool catalogs built from a
-//! request's tool definitions.
+//! ledgers, ledger lines and stubs, the identifiers and facts of each message, and the tool
+//! catalogs built from a request's tool definitions.
 //!
 //! Consecutive requests of a conversation share their older segments and their tools, and the
 //! budget stage reruns the stages several times per request; the memo makes each summary and
 //! each catalog cost once. Like the token-count cache it never changes a result: the key covers
 //! every input.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -23,6 +24,7 @@ pub struct Memo {
     identifiers: Mutex<HashMap<u64, Arc<[String]>>>,
     skeletons: Mutex<HashMap<u64, Option<Arc<serde_json::Value>>>>,
     catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
+    values: Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Memo {
@@ -43,6 +45,27 @@ impl Memo {
         make: impl FnOnce() -> Option<serde_json::Value>,
     ) -> Option<Arc<serde_json::Value>> {
         cached(&self.skeletons, CAPACITY, key, || make().map(Arc::new))
+    }
+
+    /// A derived value of any type for `key` (its seed names the type), made on a miss.
+    pub fn value<T: Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> T) -> Arc<T> {
+        let hit = self
+            .values
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+            .and_then(|v| v.downcast::<T>().ok());
+        if let Some(hit) = hit {
+            return hit;
+        }
+        let value = Arc::new(make());
+        if let Ok(mut entries) = self.values.lock() {
+            if entries.len() >= CAPACITY {
+                entries.clear();
+            }
+            entries.insert(key, value.clone());
+        }
+        value
     }
 
     /// The catalog for `key`, built by `make` on a miss.
@@ -87,5 +110,14 @@ mod tests {
         let b = memo.text(1, || unreachable!("cached"));
         assert_eq!((&*a, &*b, calls), ("one", "one", 1));
         assert_eq!(&*memo.text(2, || "two".into()), "two");
+    }
+
+    #[test]
+    fn values_are_typed() {
+        let memo = Memo::default();
+        assert_eq!(*memo.value(7, || 42u32), 42);
+        assert_eq!(*memo.value(7, || -> u32 { unreachable!("cached") }), 42);
+        // Another type under the same key is made, not mistaken for the first.
+        assert_eq!(*memo.value(7, || String::from("x")), "x");
     }
 }

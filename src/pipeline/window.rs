@@ -112,7 +112,10 @@ impl Stage for WindowStage {
                     .flat_map(|ids| ids.iter().map(String::as_str))
                     .collect();
                 let all_ids: Vec<_> = before_window.iter().map(ids).collect();
-                let mut mentions = ledger::Mentions::default();
+                let mut mentions = ledger::Mentions::with_capacity_and_hasher(
+                    all_ids.iter().map(|ids| ids.len()).sum(),
+                    Default::default(),
+                );
                 for (position, ids) in all_ids.iter().enumerate() {
                     for id in ids.iter() {
                         mentions.insert(id.as_str(), position);

@@ -3,9 +3,13 @@
 //! that open with an explicit marker, copied as written. A later fact on the same subject
 //! replaces an earlier one; relevant facts and all preferences go to `<user_facts>`.
 
+use std::hash::BuildHasher;
+
+use foldhash::quality::FixedState;
+
 use super::turns::Turn;
-use crate::pipeline::StageCx;
 use crate::pipeline::text::{content_words, normalize, sentences, truncate_words};
+use crate::pipeline::{Memo, StageCx};
 
 #[derive(Debug, Default)]
 pub struct Section {
@@ -114,6 +118,7 @@ const MARKERS: &[(&str, Option<Domain>, Option<&str>)] = &[
     ("acordate que ", None, None),
 ];
 
+#[derive(Debug, Clone)]
 struct Fact {
     domain: Domain,
     subject: String,
@@ -174,35 +179,50 @@ fn without_fillers(clause: &str) -> &str {
     clause
 }
 
-fn extract(turns: &[Turn<'_>]) -> Vec<Fact> {
+/// Seed of the memo keys of one message's facts.
+const FACTS_SEED: u64 = 0x6661_6374_7300_0001;
+
+/// The facts of the user messages of `turns`, a later one on the same subject replacing an
+/// earlier one. Each message is read once (memoized): a conversation's older turns come back at
+/// every request.
+fn extract(turns: &[Turn<'_>], memo: &Memo) -> Vec<Fact> {
     let mut facts: Vec<Fact> = Vec::new();
     for turn in turns {
         let text = turn.user_text();
-        for sentence in sentences(&text) {
-            let folded = normalize(sentence);
-            // "Hi, my name is Mia": a marker may open any clause, not only the sentence.
-            let Some((domain, subject, rest)) = folded
-                .split([',', ';', ':'])
-                .map(without_fillers)
-                .find_map(classify)
-            else {
-                continue;
-            };
-            let domain = domain
-                .or_else(|| domain_of(rest))
-                .unwrap_or(Domain::Personal);
-            let subject = subject
-                .map(str::to_owned)
-                .or_else(|| content_words(rest).into_iter().next())
-                .unwrap_or_default();
-            let fact = Fact {
-                domain,
-                subject,
-                text: truncate_words(sentence, 24),
-            };
+        let key = FixedState::with_seed(FACTS_SEED).hash_one(&*text);
+        for fact in memo.value(key, || facts_of(&text)).iter() {
             facts.retain(|f| !(f.domain == fact.domain && f.subject == fact.subject));
-            facts.push(fact);
+            facts.push(fact.clone());
         }
+    }
+    facts
+}
+
+/// The facts one user message states, in order.
+fn facts_of(text: &str) -> Vec<Fact> {
+    let mut facts = Vec::new();
+    for sentence in sentences(text) {
+        let folded = normalize(sentence);
+        // "Hi, my name is Mia": a marker may open any clause, not only the sentence.
+        let Some((domain, subject, rest)) = folded
+            .split([',', ';', ':'])
+            .map(without_fillers)
+            .find_map(classify)
+        else {
+            continue;
+        };
+        let domain = domain
+            .or_else(|| domain_of(rest))
+            .unwrap_or(Domain::Personal);
+        let subject = subject
+            .map(str::to_owned)
+            .or_else(|| content_words(rest).into_iter().next())
+            .unwrap_or_default();
+        facts.push(Fact {
+            domain,
+            subject,
+            text: truncate_words(sentence, 24),
+        });
     }
     facts
 }
@@ -210,7 +230,7 @@ fn extract(turns: &[Turn<'_>]) -> Vec<Fact> {
 /// The `<user_facts>` lines for the current message: all preferences, facts of its domain, and
 /// facts sharing a word with it; newest first within the token cap.
 pub fn section(older: &[Turn<'_>], current: &str, cx: &StageCx<'_>) -> Section {
-    let facts = extract(older);
+    let facts = extract(older, cx.memo);
     let current_domain = domain_of(current);
     let current_words = content_words(current);
     let relevant = |f: &Fact| {
@@ -263,7 +283,7 @@ mod tests {
             .map(|v| serde_json::from_value(v).unwrap())
             .collect();
         let (_, turns) = split_turns(&messages);
-        extract(&turns)
+        extract(&turns, &Memo::default())
             .into_iter()
             .map(|f| (f.domain.as_str().to_owned(), f.subject, f.text))
             .collect()
@@ -304,7 +324,7 @@ mod tests {
         ]))
         .unwrap();
         let (_, turns) = split_turns(&messages);
-        let facts = extract(&turns);
+        let facts = extract(&turns, &Memo::default());
         let summary: Vec<(&str, &str, &str)> = facts
             .iter()
             .map(|f| (f.domain.as_str(), f.subject.as_str(), f.text.as_str()))

@@ -11,7 +11,7 @@
 //! counts as recent) go first: their strong identifiers, then everything where it fits.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use foldhash::quality::FixedState;
@@ -37,6 +37,8 @@ struct Group<'a> {
     values: Vec<Arc<[String]>>,
     /// A user or assistant message, rather than a tool call or result.
     prose: bool,
+    /// A hash of what it is rendered from (for the memo of its lines).
+    key: u64,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
 }
@@ -73,8 +75,11 @@ pub fn lines(
     let views = Views { memo };
     let views = &views;
     // What a line leaves out: values shown elsewhere, and weak ones in its strong version.
+    let left_out = move |value: &str, strong: bool| {
+        shown.contains(value) || (strong && !is_strong_identifier(value))
+    };
     let skip = move |value: &str, strong: bool, elsewhere: &dyn Fn(&str) -> bool| {
-        shown.contains(value) || elsewhere(value) || (strong && !is_strong_identifier(value))
+        left_out(value, strong) || elsewhere(value)
     };
     let last_mention = |values: &[Arc<[String]>], position: usize| {
         values
@@ -114,6 +119,7 @@ pub fn lines(
                     last_mention: last_mention(&values, position),
                     values,
                     prose: false,
+                    key: line_key(&["tool result", &content]),
                     render: Box::new(move |strong, elsewhere| {
                         render("tool result", &content, strong, elsewhere)
                     }),
@@ -144,6 +150,7 @@ pub fn lines(
                         last_mention: last_mention(&values, position),
                         values,
                         prose: true,
+                        key: line_key(&[role, &content]),
                         render: Box::new(move |strong, elsewhere| {
                             let elsewhere = |v: &str| elsewhere(v) || (assistant && is_acronym(v));
                             render(role, &content, strong, &elsewhere)
@@ -172,6 +179,12 @@ pub fn lines(
                         last_mention: last_mention(&values, position),
                         values,
                         prose: false,
+                        key: line_key(&[
+                            "call",
+                            &call.function.name,
+                            &call.function.arguments,
+                            &result_text,
+                        ]),
                         render: Box::new(move |strong, elsewhere| {
                             let label = call_label(&call.function.name, &call.function.arguments);
                             let found = views.render(&result_text, &|v| skip(v, strong, elsewhere));
@@ -186,7 +199,7 @@ pub fn lines(
             }
         }
     }
-    select(groups, max_tokens, counter)
+    select(groups, &left_out, max_tokens, counter, memo)
 }
 
 /// An all-capitals word (`API`, `SQL`): in an assistant's prose, a term rather than a code.
@@ -214,6 +227,14 @@ fn without_code_blocks(text: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, 
 /// Memoized views of a content text (a summarized conversation is read again at every turn).
 pub struct Views<'a> {
     memo: &'a Memo,
+}
+
+/// Seed of the memo keys of ledger lines.
+const LINE_SEED: u64 = 0x6c69_6e65_0000_0001;
+
+/// A hash of the texts a line is rendered from.
+fn line_key(parts: &[&str]) -> u64 {
+    FixedState::with_seed(LINE_SEED).hash_one(parts)
 }
 
 /// Seeds of the memo keys of a text's identifiers and of its JSON skeleton.
@@ -285,7 +306,13 @@ impl Views<'_> {
 /// referred to again counts as recent): first the strong identifiers of as many groups as fit
 /// (a group that does not fit whole is cut between two values), then, with what is left, every
 /// identifier of the groups that fit whole.
-fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> Vec<String> {
+fn select(
+    groups: Vec<Group<'_>>,
+    left_out: &dyn Fn(&str, bool) -> bool,
+    max_tokens: usize,
+    counter: &TokenCounter,
+    memo: &Memo,
+) -> Vec<String> {
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| {
         let (a, b) = (&groups[a], &groups[b]);
@@ -295,7 +322,11 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
     });
     // A tool call's line keeps its result whole (labels and rows hang together). A message's
     // line says what no tool line holds, once: the first message line in that order has it.
-    let mut owner: HashMap<&str, Option<usize>, foldhash::fast::RandomState> = HashMap::default();
+    let mut owner: HashMap<&str, Option<usize>, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(
+            groups.iter().flat_map(|g| &g.values).map(|v| v.len()).sum(),
+            Default::default(),
+        );
     for group in groups.iter().filter(|g| !g.prose) {
         for value in group.values.iter().flat_map(|v| v.iter()) {
             owner.insert(value.as_str(), None);
@@ -306,30 +337,41 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
             owner.entry(value.as_str()).or_insert(Some(index));
         }
     }
-    let render = |index: usize, strong: bool| {
-        let elsewhere = |value: &str| {
-            groups[index].prose && owner.get(value).is_some_and(|&o| o != Some(index))
-        };
-        (groups[index].render)(strong, &elsewhere)
-    };
     // "- " and the newline of each line.
     let tokens = |text: &str| counter.text_recurring(text) + 2;
+    // A line and its tokens, memoized by what it depends on: its source and which of its values
+    // it leaves out (the window moves one turn at a time; most lines stay the same).
+    let render = |index: usize, strong: bool| -> Arc<(String, usize)> {
+        let group = &groups[index];
+        let elsewhere =
+            |value: &str| group.prose && owner.get(value).is_some_and(|&o| o != Some(index));
+        let mut hasher = FixedState::with_seed(LINE_SEED).build_hasher();
+        (group.key, strong, counter.encoding()).hash(&mut hasher);
+        for value in group.values.iter().flat_map(|v| v.iter()) {
+            (left_out(value, strong) || elsewhere(value)).hash(&mut hasher);
+        }
+        memo.value(hasher.finish(), || {
+            let text = (group.render)(strong, &elsewhere);
+            let cost = tokens(&text);
+            (text, cost)
+        })
+    };
     let mut left = max_tokens;
     let mut chosen: Vec<Option<(String, usize)>> = groups.iter().map(|_| None).collect();
     for &index in &order {
         if left < MIN_PARTIAL_TOKENS {
             break;
         }
-        let strong = render(index, true);
+        let line = render(index, true);
+        let (strong, cost) = (&line.0, line.1);
         if strong.is_empty() {
             continue;
         }
-        let cost = tokens(&strong);
         if cost <= left {
             left -= cost;
-            chosen[index] = Some((strong, cost));
+            chosen[index] = Some((strong.clone(), cost));
         } else {
-            let cut = cut_to_tokens(&strong, left - 2, counter);
+            let cut = cut_to_tokens(strong, left - 2, counter);
             if !cut.is_empty() {
                 let cost = tokens(&cut).min(left);
                 left -= cost;
@@ -342,7 +384,8 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
             break;
         }
         let spent = chosen[index].as_ref().map_or(0, |(_, cost)| *cost);
-        let full = render(index, false);
+        let line = render(index, false);
+        let (full, cost) = (&line.0, line.1);
         if full.is_empty()
             || chosen[index]
                 .as_ref()
@@ -350,10 +393,9 @@ fn select(groups: Vec<Group<'_>>, max_tokens: usize, counter: &TokenCounter) -> 
         {
             continue;
         }
-        let cost = tokens(&full);
         if cost <= left + spent {
             left = left + spent - cost;
-            chosen[index] = Some((full, cost));
+            chosen[index] = Some((full.clone(), cost));
         }
     }
     chosen.into_iter().flatten().map(|(text, _)| text).collect()
