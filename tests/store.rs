@@ -96,3 +96,46 @@ async fn a_down_redis_fails_fast_serves_from_memory_and_counts_errors() {
         .sum();
     assert_eq!(errors, u64::from(config.breaker_failures));
 }
+
+#[tokio::test]
+async fn a_cancelled_probe_does_not_keep_the_store_down() {
+    let port = common::closed_port().await;
+    let Some(redis) = common::OwnRedis::start(port) else {
+        eprintln!("redis-server is not installed: skipped (scripts/test.sh installs it)");
+        return;
+    };
+    let config = StoreConfig {
+        backend: BackendKind::Redis,
+        redis_url: format!("redis://127.0.0.1:{port}"),
+        op_timeout_ms: 200,
+        breaker_failures: 2,
+        breaker_probe_ms: 100,
+        ..StoreConfig::default()
+    };
+    let store = Store::new(&config, metrics()).unwrap();
+    store.set("k", b"v", Duration::from_secs(60)).await;
+    assert!(store.is_up());
+
+    // Redis hangs: the breaker opens.
+    assert!(redis.signal("STOP"));
+    while store.is_up() {
+        store.get("k").await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The probe comes from a client that leaves after 15 ms.
+    let left = tokio::time::timeout(Duration::from_millis(15), store.get("k")).await;
+    assert!(
+        left.is_err(),
+        "the probe was still waiting on the frozen Redis"
+    );
+    assert!(redis.signal("CONT"));
+
+    // The next calls probe again and find Redis back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.is_up() {
+        assert!(Instant::now() < deadline, "the store never came back");
+        store.get("k").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.serving(), "redis");
+}

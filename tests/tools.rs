@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Proxy, client, closed_port, start_mock, start_proxy_with_env, unique_prefix};
+use common::{
+    OwnRedis, Proxy, client, closed_port, start_mock, start_proxy_with_env, unique_prefix,
+};
 use ctxproxy::mock_upstream::MockOptions;
 use serde_json::{Value, json};
 
@@ -153,43 +154,6 @@ async fn requests_succeed_fast_while_redis_is_down() {
 }
 
 /// A Redis of this test's own, on a port of its own, that the test can stop and restart.
-struct OwnRedis {
-    child: Child,
-}
-
-impl OwnRedis {
-    fn start(port: u16) -> Option<OwnRedis> {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(OwnRedis { child })
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test]
 async fn state_is_shared_again_when_redis_comes_back() {
     let port = closed_port().await;

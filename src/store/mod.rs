@@ -72,7 +72,7 @@ pub struct Store {
 
 /// Where a call was served.
 enum Target<'a> {
-    Redis(&'a RedisBackend),
+    Redis(&'a RedisBackend, breaker::Call<'a>),
     Memory(&'a MemoryBackend),
 }
 
@@ -119,8 +119,11 @@ impl Store {
 
     fn target(&self) -> Target<'_> {
         match &self.redis {
-            Some(redis) if self.breaker.allow() => Target::Redis(redis),
-            _ => Target::Memory(&self.memory),
+            Some(redis) => match self.breaker.allow() {
+                Some(call) => Target::Redis(redis, call),
+                None => Target::Memory(&self.memory),
+            },
+            None => Target::Memory(&self.memory),
         }
     }
 
@@ -132,13 +135,14 @@ impl Store {
         M: AsyncFnOnce(&MemoryBackend) -> Result<T, StoreError>,
     {
         let result = match self.target() {
-            Target::Redis(redis) => {
+            Target::Redis(redis, call) => {
+                // Dropping this future (the client left) drops `call`, which gives a probe back.
                 let result = tokio::time::timeout(self.timeout, on_redis(redis))
                     .await
                     .unwrap_or(Err(StoreError::Timeout));
                 match &result {
-                    Ok(_) => self.breaker.success(),
-                    Err(e) => self.breaker.failure(&e.to_string()),
+                    Ok(_) => call.success(),
+                    Err(e) => call.failure(&e.to_string()),
                 }
                 self.metrics.up.set(i64::from(self.breaker.is_closed()));
                 result

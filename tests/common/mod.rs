@@ -205,3 +205,52 @@ pub fn long_conversation() -> serde_json::Value {
     serde_json::json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "list_trips",
         "description": "List trips", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
 }
+
+/// A Redis of a test's own, on `port`, stopped when dropped; `None` when `redis-server` is not
+/// installed.
+pub struct OwnRedis {
+    child: std::process::Child,
+}
+
+impl OwnRedis {
+    pub fn start(port: u16) -> Option<OwnRedis> {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Some(OwnRedis { child })
+    }
+
+    /// Freezes (`SIGSTOP`) or resumes (`SIGCONT`) the server: it keeps its connections but
+    /// answers nothing while frozen.
+    pub fn signal(&self, signal: &str) -> bool {
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.signal("CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
