@@ -127,7 +127,7 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_requests_total",
-                "HTTP requests answered by ctxproxy, by route and HTTP status.",
+                "HTTP requests to ctxproxy, by route and HTTP status (499: the client left before the response headers).",
             ),
             &["route", "status"],
         )?;

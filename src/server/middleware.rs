@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
@@ -42,58 +42,117 @@ pub async fn observe(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let started = Instant::now();
     let route = route_label(request.method(), request.uri().path());
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
     let request_id = request_id(&request);
     request
         .headers_mut()
         .insert(X_REQUEST_ID, request_id.clone());
-
-    let metrics = &state.metrics;
-    metrics.in_flight.inc();
-    let (mut response, permit, tenant) =
-        if matches!(route, "passthrough" | "chat_completions" | "explain") {
-            match admit(&state, &mut request, &request_id).await {
-                Ok((permit, tenant)) => (next.run(request).await, Some(permit), Some(tenant)),
-                Err(e) => (e.into_response(), None, None),
+    // Counted and logged once, when dropped: with the response body's end, or here when the
+    // client leaves before the response headers (status 499).
+    let mut exchange = Exchange::start(&state, route, &request, request_id.clone());
+    let mut response = if matches!(route, "passthrough" | "chat_completions" | "explain") {
+        match admit(&state, &mut request, &request_id).await {
+            Ok((permit, tenant)) => {
+                exchange.permit = Some(permit);
+                exchange.tenant = Some(tenant);
+                next.run(request).await
             }
-        } else {
-            (next.run(request).await, None, None)
-        };
-
-    let status = response.status();
-    metrics
-        .requests
-        .with_label_values(&[route, status.as_str()])
-        .inc();
-    response
-        .headers_mut()
-        .insert(X_REQUEST_ID, request_id.clone());
-
-    let in_flight = metrics.in_flight.clone();
-    let duration = metrics.request_duration.with_label_values(&[route]);
+            Err(e) => e.into_response(),
+        }
+    } else {
+        next.run(request).await
+    };
+    exchange.responded(response.status());
+    response.headers_mut().insert(X_REQUEST_ID, request_id);
     let (parts, body) = response.into_parts();
     let body = ObservedBody::new(body, None, move |end: BodyEnd| {
-        drop(permit);
-        in_flight.dec();
-        let elapsed = started.elapsed();
-        duration.observe(elapsed.as_secs_f64());
-        if route != "healthz" && route != "readyz" && route != "metrics" {
-            tracing::info!(
-                target: "ctxproxy::access",
-                request_id = request_id.to_str().unwrap_or("-"),
-                tenant = tenant.as_ref().map_or("-", Tenant::as_str),
-                %method,
-                path,
-                status = status.as_u16(),
-                duration_ms = elapsed.as_secs_f64() * 1000.0,
-                end = ?end,
-            );
-        }
+        exchange.end = Some(end);
+        drop(exchange);
     });
     Response::from_parts(parts, Body::new(body))
+}
+
+/// Status of a request whose client left before the response (nginx's convention).
+const CLIENT_CLOSED: u16 = 499;
+
+/// One request's bookkeeping, from its arrival to the end of its response.
+struct Exchange {
+    state: SharedState,
+    route: &'static str,
+    method: Method,
+    path: String,
+    request_id: HeaderValue,
+    started: Instant,
+    tenant: Option<Tenant>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// Set once the response headers exist (and counted then).
+    status: Option<StatusCode>,
+    end: Option<BodyEnd>,
+}
+
+impl Exchange {
+    fn start(state: &SharedState, route: &'static str, request: &Request, id: HeaderValue) -> Self {
+        state.metrics.in_flight.inc();
+        Exchange {
+            state: state.clone(),
+            route,
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            request_id: id,
+            started: Instant::now(),
+            tenant: None,
+            permit: None,
+            status: None,
+            end: None,
+        }
+    }
+
+    fn responded(&mut self, status: StatusCode) {
+        self.status = Some(status);
+        self.count(status);
+    }
+
+    fn count(&self, status: StatusCode) {
+        self.state
+            .metrics
+            .requests
+            .with_label_values(&[self.route, status.as_str()])
+            .inc();
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let status = match self.status {
+            Some(status) => status,
+            None => {
+                let gone = StatusCode::from_u16(CLIENT_CLOSED).unwrap_or(StatusCode::BAD_REQUEST);
+                self.count(gone);
+                self.end = Some(BodyEnd::Dropped);
+                gone
+            }
+        };
+        self.state.metrics.in_flight.dec();
+        let elapsed = self.started.elapsed();
+        self.state
+            .metrics
+            .request_duration
+            .with_label_values(&[self.route])
+            .observe(elapsed.as_secs_f64());
+        if !matches!(self.route, "healthz" | "readyz" | "metrics") {
+            tracing::info!(
+                target: "ctxproxy::access",
+                request_id = self.request_id.to_str().unwrap_or("-"),
+                tenant = self.tenant.as_ref().map_or("-", Tenant::as_str),
+                method = %self.method,
+                path = self.path,
+                status = status.as_u16(),
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                end = ?self.end,
+            );
+        }
+    }
 }
 
 /// Authenticates, then waits for a concurrency slot (back-pressure) up to the queue timeout.
