@@ -18,7 +18,16 @@ fn first_text(messages: &[Message], roles: &[Role]) -> String {
         .unwrap_or_default()
 }
 
-/// A hex SHA-256 naming the conversation of `chat` for `tenant`.
+/// The `X-Conversation-Id` the client sent, if any.
+pub fn client_conversation_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(X_CONVERSATION_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+/// A hex SHA-256 naming the conversation of `chat` for `tenant` (a caller's scope).
 pub fn conversation_id(tenant: &str, headers: &HeaderMap, chat: &ChatRequest) -> String {
     let mut hasher = Sha256::new();
     let mut field = |bytes: &[u8]| {

@@ -305,3 +305,41 @@ async fn with_redis_down_requests_succeed_and_count_as_bypass() {
         .await;
     assert!(bypassed >= 1.0);
 }
+
+#[tokio::test]
+async fn without_auth_an_answer_goes_only_to_callers_with_the_same_key_query_and_account() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::proxy_for(&mock, "").await;
+    let body = question("What is the capital of Portugal?");
+    until_hit(&proxy, &body, "sk-customer-ONE").await;
+
+    // No key, another key, or the same key to another API version or account: misses.
+    let anonymous = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cache_header(&anonymous), "miss");
+    assert_eq!(
+        cache_header(&post(&proxy, &body, "sk-revoked", &[]).await),
+        "miss"
+    );
+    let versioned = client()
+        .post(proxy.url("/v1/chat/completions?api-version=2024-06-01"))
+        .bearer_auth("sk-customer-ONE")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cache_header(&versioned), "miss");
+    for header in ["openai-organization", "openai-project"] {
+        let other = post(&proxy, &body, "sk-customer-ONE", &[(header, "other")]).await;
+        assert_eq!(cache_header(&other), "miss", "{header}");
+    }
+    // The same caller still hits.
+    assert_eq!(
+        cache_header(&post(&proxy, &body, "sk-customer-ONE", &[]).await),
+        "hit"
+    );
+}

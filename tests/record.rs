@@ -168,6 +168,7 @@ async fn every_field_is_recorded_and_no_secret_is_written() {
     assert_eq!(first["status"], 200);
     assert_eq!(first["cache"], "bypass");
     assert_eq!(first["headers"]["x-conversation-id"], "conv-42");
+    assert_eq!(first["conversation_id"], "conv-42", "the client's own id");
     assert!(first["headers"].get("authorization").is_none());
     let tokens = &first["tokens"];
     assert!(tokens["after"].as_u64() < tokens["before"].as_u64());

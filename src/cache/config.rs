@@ -21,6 +21,9 @@ pub struct CacheConfig {
     pub dedup: DedupConfig,
     /// Words and phrases that make a question time-dependent (never cached), folded.
     pub time_words: Vec<String>,
+    /// Request headers that change who may share an answer, besides `OpenAI-Organization` and
+    /// `OpenAI-Project` (always): their values are part of every cache's scope.
+    pub key_headers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,6 +106,13 @@ impl Default for DedupConfig {
 impl CacheConfig {
     pub fn validate(&self) -> Result<(), (String, String)> {
         let err = |key: &str, message: &str| Err((format!("cache.{key}"), message.to_owned()));
+        if let Some(bad) = self
+            .key_headers
+            .iter()
+            .find(|h| axum::http::HeaderName::try_from(h.as_str()).is_err())
+        {
+            return err("key_headers", &format!("{bad:?} is not a header name"));
+        }
         let dedup = &self.dedup;
         if !(0.0..=1.0).contains(&dedup.threshold) {
             return err("dedup.threshold", "must be between 0 and 1");
@@ -132,6 +142,7 @@ impl Default for CacheConfig {
                 .iter()
                 .map(|w| (*w).to_owned())
                 .collect(),
+            key_headers: Vec::new(),
         }
     }
 }

@@ -94,10 +94,10 @@ pub async fn dedup_plan(
     state: &SharedState,
     chat: &ChatRequest,
     headers: &HeaderMap,
+    scope: &str,
     labels: &ChatLabels,
     upstream: &Upstream,
 ) -> Option<DedupPlan> {
-    let tenant = labels.tenant.as_str();
     let config = &state.config.cache;
     if !config.dedup.enabled {
         return None;
@@ -132,7 +132,7 @@ pub async fn dedup_plan(
     };
     let embedder = embedder_id(&config.dedup);
     let mut hasher = Sha256::new();
-    for part in [tenant, &chat.model, &system.join("\n\n"), &user, &embedder] {
+    for part in [scope, &chat.model, &system.join("\n\n"), &user, &embedder] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
@@ -237,14 +237,14 @@ fn count(state: &SharedState, result: &str, labels: &ChatLabels) {
     count_cache(state, "deterministic", result, labels);
 }
 
-/// Looks `sent` (the body going upstream) up for `tenant` on upstream `route`. `chat` is the
+/// Looks `sent` (the body going upstream) up in the caller's `scope` on upstream `route`. `chat` is the
 /// client's request: it says whether to answer as a stream, with usage.
 pub async fn look_up(
     state: &SharedState,
     chat: &ChatRequest,
     sent: &Bytes,
     headers: &HeaderMap,
-    tenant: &str,
+    scope: &str,
     route: &str,
     labels: &ChatLabels,
 ) -> Lookup {
@@ -258,7 +258,7 @@ pub async fn look_up(
         count(state, "bypass", labels);
         return Lookup::Bypass;
     };
-    let key = key(&value, tenant, route, config);
+    let key = key(&value, scope, route, config);
     if decision == Decision::WriteOnly {
         count(state, "bypass", labels);
         return Lookup::WriteOnly(key);

@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
 use super::guarded::{self, Flags, GuardCall};
 use super::meter::{self, ResponseMeter};
+use super::scope;
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
 use crate::body::{BodyObserver, Observers, TapBody};
-use crate::conversation::conversation_id;
+use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::ChatLabels;
 use crate::openai::ChatRequest;
@@ -122,16 +123,20 @@ async fn serve(
     let labels = &*labels;
     let upstream = route(&state, &chat.model)?;
     let mode = mode_of(&parts.headers, state.config.pipeline.mode)?;
+    // Caches and conversation state are the caller's own (see `scope.rs`).
+    let scope = scope::of(&state.config, &context.tenant, &parts);
     let conversation = uses_tool_state(&state, &chat, mode)
-        .then(|| conversation_id(context.tenant.as_str(), &parts.headers, &chat));
+        .then(|| conversation_id(&scope, &parts.headers, &chat));
     if let Some(exchange) = record.as_mut() {
         exchange.request_is_json = true;
         exchange.model = Some(chat.model.clone());
         exchange.mode = Some(mode.as_str());
-        exchange.conversation_id =
-            Some(conversation.clone().unwrap_or_else(|| {
-                conversation_id(context.tenant.as_str(), &parts.headers, &chat)
-            }));
+        // The client's own conversation id when it sent one, else the derived one.
+        exchange.conversation_id = Some(
+            client_conversation_id(&parts.headers)
+                .or_else(|| conversation.clone())
+                .unwrap_or_else(|| conversation_id(&scope, &parts.headers, &chat)),
+        );
     }
 
     let (body, counts) = match mode {
@@ -193,13 +198,12 @@ async fn serve(
         }
     };
 
-    let tenant = context.tenant.as_str();
     let cache = cached::look_up(
         &state,
         &chat,
         &body,
         &parts.headers,
-        tenant,
+        &scope,
         &upstream.config.name,
         labels,
     )
@@ -213,7 +217,7 @@ async fn serve(
         Lookup::WriteOnly(key) => (Some(key), "bypass"),
         Lookup::Bypass => (None, "bypass"),
     };
-    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, labels, upstream).await;
+    let dedup = cached::dedup_plan(&state, &chat, &parts.headers, &scope, labels, upstream).await;
     if let Some(plan) = &dedup
         && let Some(mut response) = cached::dedup_look_up(&state, plan, &chat, labels).await
     {
@@ -344,8 +348,9 @@ pub async fn explain(
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let chat = ChatRequest::parse(&bytes)?;
     let upstream = route(&state, &chat.model)?;
+    let scope = scope::of(&state.config, &context.tenant, &parts);
     let conversation = uses_tool_state(&state, &chat, Mode::Optimize)
-        .then(|| conversation_id(context.tenant.as_str(), &parts.headers, &chat));
+        .then(|| conversation_id(&scope, &parts.headers, &chat));
     let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
     let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
     let sent = if rewrite.changed() {

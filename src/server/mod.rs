@@ -11,6 +11,7 @@ mod meter;
 mod middleware;
 mod ops;
 mod passthrough;
+mod scope;
 mod sticky;
 
 use std::future::Future;
