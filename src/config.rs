@@ -86,6 +86,10 @@ pub struct RawServer {
     pub concurrency_limit: usize,
     pub queue_timeout_ms: u64,
     pub shutdown_grace_secs: u64,
+    pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub max_connections: usize,
 }
 
 impl Default for RawServer {
@@ -97,6 +101,10 @@ impl Default for RawServer {
             concurrency_limit: 1024,
             queue_timeout_ms: 5_000,
             shutdown_grace_secs: 30,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -246,6 +254,15 @@ pub struct ServerConfig {
     pub concurrency_limit: usize,
     pub queue_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// From a connection's start (or its first byte after a response) to a request's last
+    /// header byte.
+    pub header_read_timeout: Duration,
+    /// From a request's arrival to its body's last byte.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in progress and no bytes for this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections open at once; past it, new ones wait briefly, then are closed.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,6 +385,13 @@ impl RawConfig {
         )?;
         positive("server.concurrency_limit", server.concurrency_limit as u64)?;
         positive("server.queue_timeout_ms", server.queue_timeout_ms)?;
+        positive(
+            "server.header_read_timeout_ms",
+            server.header_read_timeout_ms,
+        )?;
+        positive("server.body_read_timeout_ms", server.body_read_timeout_ms)?;
+        positive("server.idle_timeout_ms", server.idle_timeout_ms)?;
+        positive("server.max_connections", server.max_connections as u64)?;
         let server_config = ServerConfig {
             listen,
             max_body_bytes: to_usize("server.max_body_bytes", server.max_body_bytes)?,
@@ -378,6 +402,10 @@ impl RawConfig {
             concurrency_limit: server.concurrency_limit,
             queue_timeout: Duration::from_millis(server.queue_timeout_ms),
             shutdown_grace: Duration::from_secs(server.shutdown_grace_secs),
+            header_read_timeout: Duration::from_millis(server.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(server.body_read_timeout_ms),
+            idle_timeout: Duration::from_millis(server.idle_timeout_ms),
+            max_connections: server.max_connections,
         };
 
         let format = match self.log.format.as_str() {

@@ -36,6 +36,8 @@ pub enum ProxyError {
     },
     #[error("The request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("The request body did not arrive in time (server.body_read_timeout_ms)")]
+    BodyTimeout,
     #[error("Missing required parameter: '{field}'")]
     MissingField { field: String },
     #[error("Unknown route: {method} {path}")]
@@ -72,6 +74,7 @@ impl ProxyError {
             | ProxyError::InvalidHeader { .. }
             | ProxyError::ContextBudgetExceeded { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::RouteNotFound { .. } | ProxyError::ModelNotRouted { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -107,6 +110,7 @@ impl ProxyError {
             ProxyError::InvalidHeader { .. } => "invalid_header",
             ProxyError::ContextBudgetExceeded { .. } => "context_budget_exceeded",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
+            ProxyError::BodyTimeout => "request_timeout",
             ProxyError::RouteNotFound { .. } => "unknown_url",
             ProxyError::MethodNotAllowed { .. } => "method_not_allowed",
             ProxyError::ModelNotRouted { .. } => "model_not_found",

@@ -74,6 +74,8 @@ pub struct Metrics {
     /// `kind` ∈ connect, timeout, body.
     pub upstream_errors: IntCounterVec,
     pub in_flight: IntGauge,
+    pub open_connections: IntGauge,
+    pub connections_refused: IntCounter,
     pub build_info: IntGaugeVec,
     /// `phase` ∈ original, sent.
     pub prompt_tokens: IntCounterVec,
@@ -157,6 +159,14 @@ impl Metrics {
         let in_flight = IntGauge::new(
             "ctxproxy_in_flight_requests",
             "Requests being served right now, streams included.",
+        )?;
+        let open_connections = IntGauge::new(
+            "ctxproxy_open_connections",
+            "Client connections open right now (at most server.max_connections).",
+        )?;
+        let connections_refused = IntCounter::new(
+            "ctxproxy_connections_refused_total",
+            "Client connections closed at once: server.max_connections were open.",
         )?;
         let build_info = IntGaugeVec::new(
             Opts::new(
@@ -316,6 +326,8 @@ impl Metrics {
         registry.register(Box::new(upstream_duration.clone()))?;
         registry.register(Box::new(upstream_errors.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(connections_refused.clone()))?;
         registry.register(Box::new(build_info.clone()))?;
         registry.register(Box::new(prompt_tokens.clone()))?;
         registry.register(Box::new(tokens_saved.clone()))?;
@@ -366,6 +378,8 @@ impl Metrics {
             upstream_duration,
             upstream_errors,
             in_flight,
+            open_connections,
+            connections_refused,
             build_info,
         })
     }

@@ -1,5 +1,6 @@
-//! Clients that misbehave can't leave the proxy's accounting wrong: every request is counted
-//! once, a client that leaves before the response included.
+//! Clients that misbehave can't take the proxy down or leave its accounting wrong: slow bodies,
+//! slow headers, idle connections and too many connections are bounded by `[server]`, and every
+//! request is counted once, a client that leaves before the response included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 use common::{client, proxy_for, start_mock};
 use ctxproxy::mock_upstream::MockOptions;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn clients_that_leave_early_are_counted_as_499_and_leave_the_gauge_alone() {
@@ -57,4 +60,129 @@ async fn clients_that_leave_early_are_counted_as_499_and_leave_the_gauge_alone()
     // And the proxy still answers.
     let ok = client().get(proxy.url("/healthz")).send().await.unwrap();
     assert!(ok.status().is_success());
+}
+
+/// A proxy in front of `mock` with `[server]` limits.
+async fn limited(mock: &common::Mock, server: &str) -> common::Proxy {
+    common::start_proxy(&format!(
+        "[server]\n{server}\n[upstream]\nbase_url = \"{}\"\n",
+        mock.base_url()
+    ))
+    .await
+}
+
+/// Whether the server closed `stream` within `within` (EOF or a reset).
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // A response (a 408, say): keep reading until the close.
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+async fn chat_ok(proxy: &common::Proxy) -> Duration {
+    let started = Instant::now();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn a_body_that_never_ends_gets_408_and_never_holds_a_slot() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(&mock, "concurrency_limit = 1\nbody_read_timeout_ms = 400").await;
+    let mut slow = TcpStream::connect(proxy.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    // The only slot is free for others while that body trickles in.
+    chat_ok(&proxy).await;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+}
+
+#[tokio::test]
+async fn slow_headers_and_idle_connections_are_closed() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(&mock, "header_read_timeout_ms = 300\nidle_timeout_ms = 600").await;
+    // Slowloris: a request line, then headers that never end.
+    let mut slowloris = TcpStream::connect(proxy.addr).await.unwrap();
+    slowloris
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // A connection that never sends a byte.
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    // A keep-alive connection, idle after one request.
+    let mut idle = TcpStream::connect(proxy.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    assert!(idle.read(&mut buf).await.unwrap() > 0, "answered");
+
+    assert!(closed_within(&mut slowloris, Duration::from_secs(3)).await);
+    assert!(closed_within(&mut silent, Duration::from_secs(3)).await);
+    assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
+    // Meanwhile, and after, a normal request is served.
+    chat_ok(&proxy).await;
+}
+
+#[tokio::test]
+async fn a_long_answer_is_not_cut_by_the_idle_timeout() {
+    let mock = start_mock(MockOptions {
+        latency: Duration::from_millis(800),
+        ..MockOptions::default()
+    })
+    .await;
+    let proxy = limited(&mock, "header_read_timeout_ms = 200\nidle_timeout_ms = 300").await;
+    // The upstream takes longer than both timeouts; the request is in progress, not idle.
+    chat_ok(&proxy).await;
+}
+
+#[tokio::test]
+async fn past_max_connections_new_ones_are_closed_and_counted() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(&mock, "max_connections = 3").await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    let mut extra = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(closed_within(&mut extra, Duration::from_secs(5)).await);
+    // One place frees up: a request goes through again.
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let sent = client().get(proxy.url("/healthz")).send().await;
+        if sent.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no place freed");
+    }
+    assert!(
+        proxy
+            .metric("ctxproxy_connections_refused_total", &[])
+            .await
+            >= 1.0
+    );
 }

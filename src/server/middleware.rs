@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::SharedState;
+use super::{SharedState, read_body};
 use crate::auth::{Tenant, authenticate};
 use crate::body::{BodyEnd, ObservedBody};
 use crate::error::ProxyError;
@@ -51,8 +51,8 @@ pub async fn observe(
     // client leaves before the response headers (status 499).
     let mut exchange = Exchange::start(&state, route, &request, request_id.clone());
     let mut response = if matches!(route, "passthrough" | "chat_completions" | "explain") {
-        match admit(&state, &mut request, &request_id).await {
-            Ok((permit, tenant)) => {
+        match admit(&state, request, &request_id, route).await {
+            Ok((permit, tenant, request)) => {
                 exchange.permit = Some(permit);
                 exchange.tenant = Some(tenant);
                 next.run(request).await
@@ -155,28 +155,38 @@ impl Drop for Exchange {
     }
 }
 
-/// Authenticates, then waits for a concurrency slot (back-pressure) up to the queue timeout.
+/// Authenticates, reads a chat request's body (within `body_read_timeout`), then waits for a
+/// concurrency slot (back-pressure) up to the queue timeout: a client that sends its body
+/// slowly never holds a slot. Other routes stream their body, bounded by the same timeout.
 async fn admit(
     state: &SharedState,
-    request: &mut Request,
+    request: Request,
     request_id: &HeaderValue,
-) -> Result<(OwnedSemaphorePermit, Tenant), ProxyError> {
+    route: &'static str,
+) -> Result<(OwnedSemaphorePermit, Tenant, Request), ProxyError> {
     if state.is_shutting_down() {
         return Err(ProxyError::ShuttingDown);
     }
+    let server = &state.config.server;
     let tenant = authenticate(&state.config, request.headers())?;
-    let permit = tokio::time::timeout(
-        state.config.server.queue_timeout,
-        state.limiter.clone().acquire_owned(),
-    )
-    .await
-    .map_err(|_| ProxyError::Overloaded)?
-    .map_err(|_| ProxyError::ShuttingDown)?;
+    let (parts, body) = request.into_parts();
+    let deadline = Instant::now() + server.body_read_timeout;
+    let body = ObservedBody::new(body, Some(deadline), |_| {});
+    let body = if matches!(route, "chat_completions" | "explain") {
+        Body::from(read_body(Body::new(body), &parts.headers, server.max_body_bytes).await?)
+    } else {
+        Body::new(body)
+    };
+    let mut request = Request::from_parts(parts, body);
+    let permit = tokio::time::timeout(server.queue_timeout, state.limiter.clone().acquire_owned())
+        .await
+        .map_err(|_| ProxyError::Overloaded)?
+        .map_err(|_| ProxyError::ShuttingDown)?;
     request.extensions_mut().insert(RequestContext {
         request_id: request_id.clone(),
         tenant: tenant.clone(),
     });
-    Ok((permit, tenant))
+    Ok((permit, tenant, request))
 }
 
 /// The client's `X-Request-Id` when it is a sane token, else a new UUID.

@@ -7,6 +7,7 @@
 mod cached;
 mod chat;
 mod guarded;
+mod listener;
 mod meter;
 mod middleware;
 mod ops;
@@ -129,39 +130,25 @@ pub async fn serve(
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-
     let grace = state.config.server.shutdown_grace;
-    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
     let signal_state = state.clone();
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+    let shutdown = async move {
         shutdown.await;
         signal_state.shutting_down.store(true, Ordering::Relaxed);
         tracing::info!(
             grace_secs = grace.as_secs(),
             "shutting down: waiting for in-flight requests"
         );
-        let _ = stopping_tx.send(true);
-    });
-    let grace_elapsed = async move {
-        if stopping_rx.wait_for(|stopping| *stopping).await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
     };
-    tokio::select! {
-        result = std::future::IntoFuture::into_future(server) => result,
-        () = grace_elapsed => {
-            tracing::warn!("shutdown grace period elapsed; closing the remaining connections");
-            Ok(())
-        }
-    }
+    listener::serve(
+        listener,
+        router(state.clone()),
+        &state.config.server,
+        &state.metrics,
+        shutdown,
+        grace,
+    )
+    .await
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -198,10 +185,23 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
+        Err(e) if is_deadline(&*e) => Err(ProxyError::BodyTimeout),
         Err(e) => Err(ProxyError::InvalidBody(format!(
             "cannot read the body: {e}"
         ))),
     }
+}
+
+/// Whether `error`, or an error it wraps, is a body's deadline.
+fn is_deadline(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<crate::body::DeadlineExceeded>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
