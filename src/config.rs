@@ -353,7 +353,13 @@ impl Config {
 
     /// The effective config as TOML, with secrets reported as set/unset only.
     pub fn effective_toml(&self) -> String {
-        let mut out = toml::to_string_pretty(&self.raw)
+        // Passwords inside URLs (`redis://:PASS@host`, `http://user:PASS@host`) are never shown.
+        let mut out = toml::Value::try_from(&self.raw)
+            .map(|mut value| {
+                redact_urls(&mut value);
+                value
+            })
+            .and_then(|value| toml::to_string_pretty(&value))
             .unwrap_or_else(|e| format!("# cannot render config: {e}\n"));
         out.push_str("\n# Upstream keys (values redacted):\n");
         for upstream in &self.upstreams {
@@ -366,6 +372,36 @@ impl Config {
         }
         out
     }
+}
+
+/// Redacts the credentials of every URL string in `value`.
+fn redact_urls(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(text) => {
+            if let Some(redacted) = redact_userinfo(text) {
+                *text = redacted;
+            }
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(redact_urls),
+        toml::Value::Table(table) => table.iter_mut().for_each(|(_, v)| redact_urls(v)),
+        _ => {}
+    }
+}
+
+/// `url` with the password of its userinfo (or, without one, the whole userinfo: a token used
+/// as user name) replaced by `***`; `None` when it has no userinfo.
+pub fn redact_userinfo(url: &str) -> Option<String> {
+    let start = url.find("://")? + 3;
+    let authority_end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let at = start + url[start..authority_end].rfind('@')?;
+    let userinfo = &url[start..at];
+    let kept = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    Some(format!("{}{kept}{}", &url[..start], &url[at..]))
 }
 
 impl RawConfig {
@@ -781,6 +817,42 @@ fn is_log_filter(filter: &str) -> bool {
             .map(str::trim)
             .filter(|d| !d.is_empty() && !d.contains('='))
             .all(|d| LEVELS.contains(&d.to_ascii_lowercase().as_str()))
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        let cases = [
+            (
+                "redis://:s3cret@redis:6379/0",
+                Some("redis://:***@redis:6379/0"),
+            ),
+            ("http://user:p@ss@host/v1", Some("http://user:***@host/v1")),
+            ("https://TOKEN@host/v1", Some("https://***@host/v1")),
+            ("https://api.openai.com/v1", None),
+            ("https://host/v1?next=a@b", None),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(redact_userinfo(url).as_deref(), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn check_config_never_prints_a_password() {
+        let text = "[upstream]\nbase_url = \"http://user:UPSTREAMPASS@127.0.0.1:9/v1\"\n\
+                    [store]\nredis_url = \"redis://:REDISPASS@127.0.0.1:6379\"\n\
+                    cluster_urls = [\"redis://:CLUSTERPASS@10.0.0.1:6379\"]\n";
+        let shown = Config::from_toml(text, Vec::new())
+            .unwrap()
+            .effective_toml();
+        for secret in ["UPSTREAMPASS", "REDISPASS", "CLUSTERPASS"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("redis://:***@127.0.0.1:6379"), "{shown}");
+    }
 }
 
 #[cfg(test)]
