@@ -33,12 +33,16 @@ const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
 const X_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-before");
 const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-after");
 const X_OVER_BUDGET: HeaderName = HeaderName::from_static("x-ctxproxy-over-budget");
+const X_TOKENS_SAVEABLE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-saveable");
 
-/// The token counts a response reports in its headers.
+/// The token counts a response reports in its headers: what the client sent and what went
+/// upstream (in observe mode the same), and in observe mode what the rewrite would have sent.
 #[derive(Debug, Clone, Copy)]
 struct TokenCounts {
     before: usize,
     after: usize,
+    /// Observe mode: the tokens the rewrite would have sent.
+    would_send: Option<usize>,
     /// Tokens over the budget of a request forwarded over its floor.
     over_budget: Option<usize>,
 }
@@ -48,6 +52,9 @@ impl TokenCounts {
         let Some(counts) = counts else { return };
         headers.insert(X_TOKENS_BEFORE, HeaderValue::from(counts.before));
         headers.insert(X_TOKENS_AFTER, HeaderValue::from(counts.after));
+        if let Some(would_send) = counts.would_send {
+            headers.insert(X_TOKENS_SAVEABLE, HeaderValue::from(would_send));
+        }
         if let Some(over) = counts.over_budget {
             headers.insert(X_OVER_BUDGET, HeaderValue::from(over));
         }
@@ -174,9 +181,16 @@ async fn serve(
             } else {
                 record_observed(&state, &rewrite, labels);
             }
+            let observe = mode == Mode::Observe;
             let counts = TokenCounts {
                 before: report.tokens_before,
-                after: report.tokens_after,
+                // Observe mode sends the original: nothing was saved.
+                after: if observe {
+                    report.tokens_before
+                } else {
+                    report.tokens_after
+                },
+                would_send: observe.then_some(report.tokens_after),
                 over_budget: report
                     .over_budget
                     .filter(|_| mode == Mode::Optimize)
