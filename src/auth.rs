@@ -39,6 +39,22 @@ pub fn authenticate(config: &Config, headers: &HeaderMap) -> Result<Tenant, Prox
         .ok_or(ProxyError::Unauthorized)
 }
 
+/// `/metrics` on the API listener: open while auth is off; with auth on, only for the
+/// `[auth] metrics_key_sha256` key (tenant keys would reveal every tenant's counters).
+pub fn authorize_metrics(config: &Config, headers: &HeaderMap) -> Result<(), ProxyError> {
+    if !config.auth_enabled() {
+        return Ok(());
+    }
+    let expected = config.metrics_key.ok_or(ProxyError::Unauthorized)?;
+    let token = bearer_token(headers).ok_or(ProxyError::Unauthorized)?;
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    if digest == expected {
+        Ok(())
+    } else {
+        Err(ProxyError::Unauthorized)
+    }
+}
+
 fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;

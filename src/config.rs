@@ -90,6 +90,7 @@ pub struct RawServer {
     pub body_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
+    pub metrics_listen: String,
 }
 
 impl Default for RawServer {
@@ -105,6 +106,7 @@ impl Default for RawServer {
             body_read_timeout_ms: 30_000,
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
+            metrics_listen: String::new(),
         }
     }
 }
@@ -187,6 +189,9 @@ pub struct RawRoute {
 #[serde(default, deny_unknown_fields)]
 pub struct RawAuth {
     pub keys: Vec<RawAuthKey>,
+    /// Hex SHA-256 of the key Prometheus sends for `/metrics` on the API listener when auth is
+    /// on (tenant keys are not accepted there).
+    pub metrics_key_sha256: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -237,6 +242,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// SHA-256 of each accepted key → tenant. Empty: auth off, every request is tenant `default`.
     pub auth_keys: HashMap<[u8; 32], String>,
+    /// SHA-256 of the key `/metrics` needs on the API listener when auth is on.
+    pub metrics_key: Option<[u8; 32]>,
     pub pipeline: PipelineConfig,
     pub store: StoreConfig,
     pub cache: CacheConfig,
@@ -263,6 +270,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Connections open at once; past it, new ones wait briefly, then are closed.
     pub max_connections: usize,
+    /// A separate address that serves `/metrics` (and no API); `None`: the API listener does.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,6 +451,12 @@ impl RawConfig {
             body_read_timeout: Duration::from_millis(server.body_read_timeout_ms),
             idle_timeout: Duration::from_millis(server.idle_timeout_ms),
             max_connections: server.max_connections,
+            metrics_listen: match server.metrics_listen.trim() {
+                "" => None,
+                address => Some(address.parse::<SocketAddr>().map_err(|e| {
+                    ConfigError::invalid("server.metrics_listen", format!("{e} (expected IP:PORT)"))
+                })?),
+            },
         };
 
         let format = match self.log.format.as_str() {
@@ -583,6 +598,20 @@ impl RawConfig {
             auth_keys.insert(digest, key.tenant.clone());
         }
 
+        let metrics_key = match self.auth.metrics_key_sha256.trim() {
+            "" => None,
+            hex_digest => {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hex_digest, &mut digest).map_err(|_| {
+                    ConfigError::invalid(
+                        "auth.metrics_key_sha256",
+                        "expected 64 hex characters (printf %s \"$KEY\" | sha256sum)",
+                    )
+                })?;
+                Some(digest)
+            }
+        };
+
         let mut pipeline = self.pipeline.clone();
         pipeline.tools = self.tools.clone();
         pipeline
@@ -613,6 +642,7 @@ impl RawConfig {
             default_upstream,
             routes,
             auth_keys,
+            metrics_key,
             pipeline,
             store: self.store.clone(),
             cache: self.cache.clone(),

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{client, proxy_for, start_mock};
+use ctxproxy::auth::hash_key;
 use ctxproxy::mock_upstream::MockOptions;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,5 +185,62 @@ async fn past_max_connections_new_ones_are_closed_and_counted() {
             .metric("ctxproxy_connections_refused_total", &[])
             .await
             >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn with_auth_on_metrics_need_the_metrics_key() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&format!(
+        "[upstream]\nbase_url = \"{}\"\n[auth]\nmetrics_key_sha256 = \"{}\"\n[[auth.keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\n",
+        mock.base_url(),
+        hash_key("prom-key"),
+        hash_key("tenant-key"),
+    ))
+    .await;
+    let get = |key: Option<&'static str>| {
+        let mut request = client().get(proxy.url("/metrics"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(get(None).await, 401);
+    assert_eq!(
+        get(Some("tenant-key")).await,
+        401,
+        "a tenant key shows no metrics"
+    );
+    assert_eq!(get(Some("prom-key")).await, 200);
+}
+
+#[tokio::test]
+async fn metrics_can_live_on_their_own_address() {
+    let mock = start_mock(MockOptions::default()).await;
+    let port = common::closed_port().await;
+    let proxy = limited(&mock, &format!("metrics_listen = \"127.0.0.1:{port}\"")).await;
+    let api = client().get(proxy.url("/metrics")).send().await.unwrap();
+    assert_eq!(api.status(), 404, "not on the API listener");
+    chat_ok(&proxy).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        match client()
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+        {
+            Ok(response) => break response.text().await.unwrap(),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("metrics address: {e}"),
+        }
+    };
+    assert!(
+        common::metric_sum(
+            &text,
+            "ctxproxy_requests_total",
+            &[("route", "chat_completions"), ("status", "200")]
+        ) >= 1.0
     );
 }

@@ -103,10 +103,14 @@ impl AppState {
 }
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+        .route("/readyz", get(ops::readyz));
+    // With a private metrics address, the API listener does not serve them at all.
+    if state.config.server.metrics_listen.is_none() {
+        router = router.route("/metrics", get(ops::metrics));
+    }
+    router
         // GET /v1/chat/completions (stored completions) and friends are plain pass-through.
         .route(
             "/v1/chat/completions",
@@ -123,29 +127,64 @@ pub fn router(state: SharedState) -> Router {
         .with_state(state)
 }
 
+/// `/metrics` alone, for `server.metrics_listen` (no auth: keep that address private).
+fn metrics_router(state: SharedState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::private_metrics))
+        .fallback(ops::not_found)
+        .with_state(state)
+}
+
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
-/// included) finish for up to `server.shutdown_grace_secs`.
+/// included) finish for up to `server.shutdown_grace_secs`. With `server.metrics_listen`, the
+/// metrics are served there, until the same moment.
 pub async fn serve(
     listener: TcpListener,
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let grace = state.config.server.shutdown_grace;
+    let server = &state.config.server;
+    let grace = server.shutdown_grace;
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     let signal_state = state.clone();
-    let shutdown = async move {
+    tokio::spawn(async move {
         shutdown.await;
         signal_state.shutting_down.store(true, Ordering::Relaxed);
         tracing::info!(
             grace_secs = grace.as_secs(),
             "shutting down: waiting for in-flight requests"
         );
+        let _ = stopping.send(true);
+    });
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stopping| *stopping).await;
     };
+    if let Some(address) = server.metrics_listen {
+        let metrics_listener = TcpListener::bind(address).await?;
+        tracing::info!(%address, "serving /metrics on its own address");
+        let state = state.clone();
+        let stop = until_stopped(stopped.clone());
+        tokio::spawn(async move {
+            let server = &state.config.server;
+            let served = listener::serve(
+                metrics_listener,
+                metrics_router(state.clone()),
+                server,
+                &state.metrics,
+                stop,
+                grace,
+            );
+            if let Err(e) = served.await {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        });
+    }
     listener::serve(
         listener,
         router(state.clone()),
-        &state.config.server,
+        server,
         &state.metrics,
-        shutdown,
+        until_stopped(stopped),
         grace,
     )
     .await

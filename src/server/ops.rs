@@ -2,11 +2,12 @@
 
 use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use serde_json::json;
 
 use super::SharedState;
+use crate::auth::authorize_metrics;
 use crate::error::ProxyError;
 
 /// Alive as long as the process answers.
@@ -34,7 +35,21 @@ pub async fn readyz(State(state): State<SharedState>) -> impl IntoResponse {
     }
 }
 
-pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+/// Prometheus metrics on the API listener (a key is needed when auth is on).
+pub async fn metrics(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ProxyError> {
+    authorize_metrics(&state.config, &headers)?;
+    Ok(metrics_text(&state))
+}
+
+/// Prometheus metrics on the private `metrics_listen` address.
+pub async fn private_metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    metrics_text(&state)
+}
+
+fn metrics_text(state: &SharedState) -> impl IntoResponse + use<> {
     (
         [(
             header::CONTENT_TYPE,
