@@ -215,21 +215,25 @@ where
 }
 
 pin_project! {
-    /// Re-frames an SSE body so that each frame is one whole event (one flush per event).
+    /// Re-frames an SSE body so that each frame is one whole event (one flush per event). An
+    /// event over the splitter's maximum ends the body with an error event (`on_too_large` is
+    /// called) instead of being held.
     pub struct SseEventBody<B> {
         #[pin]
         inner: B,
         splitter: SseSplitter,
         inner_done: bool,
+        on_too_large: Option<Box<dyn FnOnce() + Send>>,
     }
 }
 
 impl<B> SseEventBody<B> {
-    pub fn new(inner: B) -> Self {
+    pub fn new(inner: B, max_event: usize, on_too_large: impl FnOnce() + Send + 'static) -> Self {
         SseEventBody {
             inner,
-            splitter: SseSplitter::new(),
+            splitter: SseSplitter::with_max_event(max_event),
             inner_done: false,
+            on_too_large: Some(Box::new(on_too_large)),
         }
     }
 }
@@ -247,8 +251,21 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         loop {
-            if let Some(event) = this.splitter.next_event() {
-                return Poll::Ready(Some(Ok(Frame::data(event))));
+            match this.splitter.next_event() {
+                Ok(Some(event)) => return Poll::Ready(Some(Ok(Frame::data(event)))),
+                Ok(None) => {}
+                Err(too_large) => {
+                    // Cut here: what was held is let go, the rest of the upstream is not read.
+                    *this.inner_done = true;
+                    this.splitter.finish();
+                    if let Some(count) = this.on_too_large.take() {
+                        count();
+                        return Poll::Ready(Some(Ok(Frame::data(
+                            crate::openai::sse::event_too_large_event(too_large),
+                        ))));
+                    }
+                    return Poll::Ready(None);
+                }
             }
             if *this.inner_done {
                 return Poll::Ready(this.splitter.finish().map(|rest| Ok(Frame::data(rest))));
@@ -322,11 +339,11 @@ mod tests {
 
     #[tokio::test]
     async fn sse_body_emits_one_frame_per_event() {
-        let body = SseEventBody::new(stream_of(&[
-            b"data: a\n\ndata: ",
-            b"b\n",
-            b"\ndata: [DONE]\n\n",
-        ]));
+        let body = SseEventBody::new(
+            stream_of(&[b"data: a\n\ndata: ", b"b\n", b"\ndata: [DONE]\n\n"]),
+            1024,
+            || {},
+        );
         let mut frames = Vec::new();
         let mut body = std::pin::pin!(body);
         while let Some(frame) = body.frame().await {
@@ -336,6 +353,27 @@ mod tests {
             frames,
             vec!["data: a\n\n", "data: b\n\n", "data: [DONE]\n\n"]
         );
+    }
+
+    #[tokio::test]
+    async fn an_event_over_the_maximum_ends_the_stream_with_an_error_event() {
+        let cut = Arc::new(Mutex::new(0));
+        let counted = cut.clone();
+        let body = SseEventBody::new(
+            stream_of(&[b"data: ok\n\n", b"data: x\n", b"data: x\n", b"data: x\n"]),
+            16,
+            move || *counted.lock().unwrap() += 1,
+        );
+        let mut frames = Vec::new();
+        let mut body = std::pin::pin!(body);
+        while let Some(frame) = body.frame().await {
+            frames.push(frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(frames[0], "data: ok\n\n");
+        let error = crate::openai::sse::event_data(&frames[1]).unwrap();
+        assert!(error.contains("\"code\":\"event_too_large\""), "{error}");
+        assert_eq!(*cut.lock().unwrap(), 1);
     }
 
     #[tokio::test]

@@ -140,6 +140,8 @@ pub struct RawUpstream {
     pub pool_max_idle_per_host: usize,
     /// `auto` (by model name), `o200k_base` or `cl100k_base`.
     pub tokenizer: String,
+    /// Largest server-sent event accepted from an upstream stream (every upstream).
+    pub max_event_bytes: u64,
 }
 
 impl Default for RawUpstream {
@@ -154,6 +156,7 @@ impl Default for RawUpstream {
             pool_idle_timeout_secs: 90,
             pool_max_idle_per_host: 256,
             tokenizer: "auto".into(),
+            max_event_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -300,6 +303,8 @@ pub struct UpstreamConfig {
     pub connect_retries: u32,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// A stream event larger than this is not relayed: the stream is cut with an error event.
+    pub max_event_bytes: usize,
     /// `None`: chosen by model name.
     pub tokenizer: Option<Encoding>,
     /// Continuation, reinforcement and the action check for requests to this upstream.
@@ -715,6 +720,7 @@ fn upstream_config(
         connect_retries: defaults.connect_retries,
         pool_idle_timeout: Duration::from_secs(defaults.pool_idle_timeout_secs),
         pool_max_idle_per_host: defaults.pool_max_idle_per_host,
+        max_event_bytes: to_usize("upstream.max_event_bytes", defaults.max_event_bytes.max(1))?,
         guards: Guards::default(),
     })
 }

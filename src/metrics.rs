@@ -76,6 +76,7 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     pub open_connections: IntGauge,
     pub connections_refused: IntCounter,
+    pub cache_too_large: IntCounter,
     pub build_info: IntGaugeVec,
     /// `phase` ∈ original, sent.
     pub prompt_tokens: IntCounterVec,
@@ -163,6 +164,10 @@ impl Metrics {
         let open_connections = IntGauge::new(
             "ctxproxy_open_connections",
             "Client connections open right now (at most server.max_connections).",
+        )?;
+        let cache_too_large = IntCounter::new(
+            "ctxproxy_cache_too_large_total",
+            "Answers relayed but not stored in a cache: larger than cache.max_entry_bytes.",
         )?;
         let connections_refused = IntCounter::new(
             "ctxproxy_connections_refused_total",
@@ -328,6 +333,7 @@ impl Metrics {
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
         registry.register(Box::new(connections_refused.clone()))?;
+        registry.register(Box::new(cache_too_large.clone()))?;
         registry.register(Box::new(build_info.clone()))?;
         registry.register(Box::new(prompt_tokens.clone()))?;
         registry.register(Box::new(tokens_saved.clone()))?;
@@ -380,6 +386,7 @@ impl Metrics {
             in_flight,
             open_connections,
             connections_refused,
+            cache_too_large,
             build_info,
         })
     }

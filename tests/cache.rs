@@ -343,3 +343,31 @@ async fn without_auth_an_answer_goes_only_to_callers_with_the_same_key_query_and
         "hit"
     );
 }
+
+#[tokio::test]
+async fn answers_over_max_entry_bytes_are_relayed_whole_and_never_stored() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::proxy_for(&mock, "[cache]\nmax_entry_bytes = 2000\n").await;
+    let long = "word ".repeat(1000);
+    for stream in [false, true] {
+        let mut body = question(&format!("Tell me a long story ({stream})"));
+        body["stream"] = json!(stream);
+        for _ in 0..3 {
+            let response = post(&proxy, &body, "sk-one", &[("x-mock-reply", long.trim())]).await;
+            assert_eq!(cache_header(&response), "miss", "stream: {stream}");
+            let text = response.text().await.unwrap();
+            let words = if stream {
+                text.matches("word").count()
+            } else {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                answer["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .matches("word")
+                    .count()
+            };
+            assert_eq!(words, 1000, "relayed whole (stream: {stream})");
+        }
+    }
+    assert!(proxy.metric("ctxproxy_cache_too_large_total", &[]).await >= 6.0);
+}

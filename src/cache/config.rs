@@ -24,6 +24,8 @@ pub struct CacheConfig {
     /// Request headers that change who may share an answer, besides `OpenAI-Organization` and
     /// `OpenAI-Project` (always): their values are part of every cache's scope.
     pub key_headers: Vec<String>,
+    /// Answers larger than this (JSON, or a stream's events) are relayed but never stored.
+    pub max_entry_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,6 +115,9 @@ impl CacheConfig {
         {
             return err("key_headers", &format!("{bad:?} is not a header name"));
         }
+        if self.max_entry_bytes == 0 {
+            return err("max_entry_bytes", "must be greater than 0");
+        }
         let dedup = &self.dedup;
         if !(0.0..=1.0).contains(&dedup.threshold) {
             return err("dedup.threshold", "must be between 0 and 1");
@@ -143,6 +148,7 @@ impl Default for CacheConfig {
                 .map(|w| (*w).to_owned())
                 .collect(),
             key_headers: Vec::new(),
+            max_entry_bytes: 1024 * 1024,
         }
     }
 }

@@ -214,7 +214,7 @@ fn assemble(stream: &[u8]) -> Option<Value> {
     splitter.push(stream);
     let mut assembler = StreamAssembler::default();
     let mut events = Vec::new();
-    while let Some(event) = splitter.next_event() {
+    while let Ok(Some(event)) = splitter.next_event() {
         events.push(event);
     }
     events.extend(splitter.finish());

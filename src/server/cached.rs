@@ -30,7 +30,6 @@ use crate::upstream::Upstream;
 pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cache");
 
 /// The largest answer the cache stores.
-const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 
 /// A dedup-eligible question: where its scope's questions live, and the question.
 pub struct DedupPlan {
@@ -314,7 +313,10 @@ pub struct CacheWrite {
     assembler: StreamAssembler,
     done: bool,
     json: Vec<u8>,
-    too_large: bool,
+    /// Bytes of the answer seen so far (JSON or events).
+    seen: usize,
+    /// Not storable: too large, an error event, or an unknown shape.
+    unstorable: bool,
 }
 
 impl CacheWrite {
@@ -332,33 +334,44 @@ impl CacheWrite {
             assembler: StreamAssembler::default(),
             done: false,
             json: Vec::new(),
-            too_large: false,
+            seen: 0,
+            unstorable: false,
         }
     }
 }
 
 impl BodyObserver for CacheWrite {
     fn on_data(&mut self, data: &Bytes) {
+        if self.unstorable {
+            return;
+        }
+        self.seen += data.len();
+        if self.seen > self.state.config.cache.max_entry_bytes {
+            // Relayed whole, never stored; what was gathered is let go at once.
+            self.unstorable = true;
+            self.assembler = StreamAssembler::default();
+            self.json = Vec::new();
+            self.state.metrics.cache_too_large.inc();
+            return;
+        }
         if self.streamed {
             match event_data(data).as_deref() {
                 Some("[DONE]") => self.done = true,
                 Some(payload) => match serde_json::from_str::<ChatCompletionChunk>(payload) {
                     Ok(chunk) => self.assembler.push(chunk),
                     // An error event or an unknown shape: not a cacheable answer.
-                    Err(_) => self.too_large = true,
+                    Err(_) => self.unstorable = true,
                 },
                 None => {}
             }
-        } else if self.json.len() + data.len() <= MAX_ENTRY_BYTES {
-            self.json.extend_from_slice(data);
         } else {
-            self.too_large = true;
+            self.json.extend_from_slice(data);
         }
     }
 
     fn on_end(self: Box<Self>, end: BodyEnd) {
         let this = *self;
-        if end != BodyEnd::Complete || this.too_large {
+        if end != BodyEnd::Complete || this.unstorable {
             return;
         }
         let completion = if this.streamed {

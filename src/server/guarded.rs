@@ -19,7 +19,7 @@ use crate::guards::continuation::{
     continuation_body, may_overlap, merge, overlap, retry_body, sum_usage,
 };
 use crate::openai::ChatRequest;
-use crate::openai::sse::{SseSplitter, event_data};
+use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
 
 /// The largest JSON answer read to guard it; a larger one is relayed unguarded.
@@ -505,7 +505,9 @@ impl StreamGuard {
     /// Relays one part. Later parts are re-stamped with the first part's head, lose their role
     /// delta, and hold back their start until it is known whether it repeats what was said.
     async fn relay_part(&mut self, mut body: Body, part: u32, continuing: bool) -> PartEnd {
-        let mut splitter = SseSplitter::new();
+        let upstream = self.call.guards().map(|(upstream, _)| upstream);
+        let max_event = upstream.map_or(usize::MAX, |u| u.config.max_event_bytes);
+        let mut splitter = SseSplitter::with_max_event(max_event);
         let said_before = self.said.clone();
         // A later part's first text, held while it may repeat the end of `said_before`.
         let mut start = String::new();
@@ -523,10 +525,30 @@ impl StreamGuard {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         splitter.push(&data);
-                        (
-                            std::iter::from_fn(|| splitter.next_event()).collect(),
-                            false,
-                        )
+                        let mut events = Vec::new();
+                        loop {
+                            match splitter.next_event() {
+                                Ok(Some(event)) => events.push(event),
+                                Ok(None) => break,
+                                // Cut with an error event, counted like any upstream failure.
+                                Err(too_large) => {
+                                    if let Some(upstream) = self.call.guards().map(|(u, _)| u) {
+                                        self.call
+                                            .state
+                                            .metrics
+                                            .upstream_errors
+                                            .with_label_values(&[
+                                                upstream.config.name.as_str(),
+                                                "event_too_large",
+                                            ])
+                                            .inc();
+                                    }
+                                    self.forward(event_too_large_event(too_large)).await;
+                                    return PartEnd::Stop;
+                                }
+                            }
+                        }
+                        (events, false)
                     }
                     Err(_) => continue,
                 },

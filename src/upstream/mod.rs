@@ -297,10 +297,22 @@ impl Upstream {
             };
             errors.with_label_values(&[name.as_str(), kind]).inc();
         });
+        let max_event = self.config.max_event_bytes;
+        let too_large = {
+            let errors = metrics.upstream_errors.clone();
+            let name = self.config.name.clone();
+            move || {
+                tracing::warn!(upstream = %name, max_event, "an upstream stream event is too large: stream cut");
+                errors
+                    .with_label_values(&[name.as_str(), "event_too_large"])
+                    .inc();
+            }
+        };
         let body = match (is_sse, observer) {
             (true, Some(observer)) => {
                 parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-                let tapped = TapBody::new(SseEventBody::new(observed), observer);
+                let tapped =
+                    TapBody::new(SseEventBody::new(observed, max_event, too_large), observer);
                 match drop_event {
                     Some(drop) => Body::new(DropFrames::new(tapped, drop)),
                     None => Body::new(tapped),
@@ -308,7 +320,7 @@ impl Upstream {
             }
             (true, None) => {
                 parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-                Body::new(SseEventBody::new(observed))
+                Body::new(SseEventBody::new(observed, max_event, too_large))
             }
             (false, Some(observer)) => Body::new(TapBody::new(observed, observer)),
             (false, None) => Body::new(observed),
