@@ -29,7 +29,6 @@ use crate::upstream::Upstream;
 
 pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cache");
 
-
 /// A dedup-eligible question: where its scope's questions live, and the question.
 pub struct DedupPlan {
     key: String,
