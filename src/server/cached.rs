@@ -36,11 +36,21 @@ pub struct DedupPlan {
     vector: Vec<f32>,
 }
 
+/// One question of a dedup scope's index. The index holds questions and vectors only, so a
+/// lookup never fetches answers it won't serve; the answer lives under `answer_key`.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct DedupEntry {
     question: String,
     vector: String,
-    answer: ChatCompletion,
+    answer_key: String,
+}
+
+/// Where the answer to `question` in the scope indexed at `index_key` is stored.
+fn dedup_answer_key(index_key: &str, question: &str) -> String {
+    format!(
+        "{index_key}:answer:{}",
+        hex::encode(Sha256::digest(question.as_bytes()))
+    )
 }
 
 /// Tokens a hit saved, from the usage stored with the answer, and what they would have cost.
@@ -151,7 +161,8 @@ pub async fn dedup_plan(
         }
     };
     Some(DedupPlan {
-        key: format!("cache:dedup:{}", hex::encode(hasher.finalize())),
+        // v2: the index apart from the answers (v1 lists, answers inline, are never read).
+        key: format!("cache:dedup:v2:{}", hex::encode(hasher.finalize())),
         vector,
         question,
     })
@@ -181,13 +192,22 @@ pub async fn dedup_look_up(
     let config = &state.config.cache.dedup;
     let started = Instant::now();
     let entries = state.store.list(&plan.key).await;
-    let found = entries.iter().find_map(|bytes| {
+    let matched = entries.iter().find_map(|bytes| {
         let entry: DedupEntry = serde_json::from_slice(bytes).ok()?;
         let vector = decode(&entry.vector)?;
         (cosine(&vector, &plan.vector) >= config.threshold
             && guard(&entry.question, &plan.question).is_ok())
-        .then_some(entry.answer)
+        .then_some(entry.answer_key)
     });
+    // Only the one answer served is fetched (it may have expired before its index entry).
+    let found = match matched {
+        Some(answer_key) => state
+            .store
+            .get(&answer_key)
+            .await
+            .and_then(|bytes| serde_json::from_slice::<ChatCompletion>(&bytes).ok()),
+        None => None,
+    };
     state
         .metrics
         .cache_lookup_duration
@@ -389,17 +409,17 @@ impl BodyObserver for CacheWrite {
             c.message.tool_calls().is_empty()
                 && c.finish_reason.get().map(String::as_str) == Some("stop")
         });
+        let value = serde_json::to_vec(&completion).ok();
         let dedup_entry = dedup.filter(|_| text_answer).and_then(|plan| {
+            let answer_key = dedup_answer_key(&plan.key, &plan.question);
             let entry = DedupEntry {
                 question: plan.question,
                 vector: encode(&plan.vector),
-                answer: completion.clone(),
+                answer_key: answer_key.clone(),
             };
-            serde_json::to_vec(&entry)
-                .ok()
-                .map(|bytes| (plan.key, bytes))
+            let index_entry = serde_json::to_vec(&entry).ok()?;
+            Some((plan.key, index_entry, answer_key, value.clone()?))
         });
-        let value = serde_json::to_vec(&completion).ok();
         let config = &state.config.cache;
         let ttl = Duration::from_secs(config.deterministic.ttl_secs);
         let (dedup_ttl, max_entries) = (
@@ -410,10 +430,12 @@ impl BodyObserver for CacheWrite {
             if let (Some(key), Some(value)) = (key, value) {
                 state.store.set(&key, &value, ttl).await;
             }
-            if let Some((key, entry)) = dedup_entry {
+            if let Some((index_key, entry, answer_key, answer)) = dedup_entry {
+                // The answer first, so that an index entry never points at nothing for long.
+                state.store.set(&answer_key, &answer, dedup_ttl).await;
                 state
                     .store
-                    .push_capped(&key, &entry, max_entries, dedup_ttl)
+                    .push_capped(&index_key, &entry, max_entries, dedup_ttl)
                     .await;
             }
         });
