@@ -5,7 +5,7 @@
 
 Opens N (2000) slowloris connections (a request line, then one header byte every 2 s), N idle
 connections (connected, never a byte), 200 requests whose body never ends and 200 clients that
-leave before the answer; then measures normal requests while all of that is open, the proxy's
+leave before the answer; at the end, one 100 MB streamed answer at temperature 0; then measures normal requests while all of that is open, the proxy's
 RSS (from /proc/PROXY_PID/status), and how long the timeouts take to close every hostile
 connection. Prints one line per measure with the target beside it:
 
@@ -136,15 +136,61 @@ async def normal_request():
     return (time.monotonic() - started) * 1000
 
 
+async def large_streamed_answer(megabytes=100):
+    """A temperature-0 streamed answer of `megabytes` MB (the mock's X-Mock-Reply-Repeat): read
+    whole, with the proxy's peak RSS meanwhile and whether the same request is then a cache hit
+    (it must not be: answers over [cache] max_entry_bytes are never stored)."""
+    text = "x" * 1023
+    body = json.dumps({"model": "gpt-4o-mini", "temperature": 0, "stream": True,
+                       "messages": [{"role": "user", "content": "A very long story, please."}]})
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               f"Content-Type: application/json\r\nX-Mock-Latency-Ms: 0\r\nX-Mock-Reply: {text}\r\n"
+               f"X-Mock-Reply-Repeat: {megabytes * 1024}\r\nContent-Length: {len(body)}\r\n\r\n{body}")
+    peak = [rss_mb()]
+
+    async def sample():
+        while True:
+            peak[0] = max(peak[0], rss_mb())
+            await asyncio.sleep(0.05)
+
+    async def send():
+        reader, writer = await asyncio.open_connection(HOST, PORT)
+        writer.write(request.encode())
+        received, head = 0, b""
+        while chunk := await reader.read(1 << 20):
+            if not head:
+                head = chunk[:400]
+            received += len(chunk)
+        writer.close()
+        cache = [line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                 if line.lower().startswith(b"x-ctxproxy-cache:")]
+        return received, cache[0] if cache else "-"
+
+    sampler = asyncio.create_task(sample())
+    started = time.monotonic()
+    received, _ = await send()
+    elapsed = time.monotonic() - started
+    sampler.cancel()
+    _, second = await send()
+    await asyncio.sleep(2)
+    print(f"large streamed answer: {received / 1e6:.0f} MB relayed in {elapsed:.1f} s, proxy peak RSS "
+          f"{peak[0]:.0f} MB, {rss_mb():.0f} MB 2 s later; the same request again: cache {second} "
+          f"(target: miss, memory bounded)")
+
+
 async def main():
     raise_fd_limit()
     in_flight_before = await metric("ctxproxy_in_flight_requests")
     rss_before = rss_mb()
     closed = {"slowloris": [], "idle": [], "unfinished body": []}
     tasks = []
-    for _ in range(N):
+    for i in range(N):
         tasks.append(asyncio.create_task(slowloris(closed["slowloris"])))
         tasks.append(asyncio.create_task(idle(closed["idle"])))
+        if i % 100 == 99:
+            # Paced, so the burst stays within the listen backlog: a connection the kernel
+            # completes but drops from a full accept queue never reaches the proxy at all.
+            await asyncio.sleep(0.05)
     for _ in range(200):
         tasks.append(asyncio.create_task(unfinished_body(closed["unfinished body"])))
         tasks.append(asyncio.create_task(leaves_early()))
@@ -170,6 +216,7 @@ async def main():
     print(f"connections the kernel refused during the burst (not the proxy): {len(CONNECT_FAILED)}")
     print(f"in-flight gauge: {in_flight_before:.0f} before, {in_flight_after:.0f} after (target: equal)")
     print(f"RSS after: {rss_mb():.0f} MB")
+    await large_streamed_answer()
 
 
 asyncio.run(main())

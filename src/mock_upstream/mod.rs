@@ -5,7 +5,8 @@
 //! tool call, `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
 //! body and headers to a non-streaming answer, `X-Mock-Reply: <text>` sets the text of the
 //! answer (continued where an assistant message of the request left it, repeating the last
-//! `X-Mock-Overlap` characters). `max_tokens` / `max_completion_tokens` cut a text answer at that
+//! `X-Mock-Overlap` characters), `X-Mock-Reply-Repeat: N` says the answer N times, one stream
+//! event each (large answers for load tests). `max_tokens` / `max_completion_tokens` cut a text answer at that
 //! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
 //! requests (those ending with an assistant message and then a user or system message, as a
 //! continuation or a retry does). It stores nothing; `/mock/stats` exposes counters.
@@ -209,6 +210,9 @@ async fn chat_completions(
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         reply = reply::scripted(reply, &request, text, overlap);
+    }
+    if let Some(times) = header_str(&headers, "x-mock-reply-repeat").and_then(|v| v.parse().ok()) {
+        reply = reply::repeated(reply, times);
     }
     let reply = reply::limited(reply, &request);
     if request.is_stream() {

@@ -225,6 +225,16 @@ fn snippet(text: &str, max_chars: usize) -> String {
 }
 
 /// Words with their leading space, like a tokenizer's pieces: "a b" → ["a", " b"].
+/// The largest `X-Mock-Reply-Repeat`.
+const MAX_REPEAT: usize = 1_000_000;
+
+/// `reply`'s text said `times` times (at most a million), one piece each.
+pub fn repeated(mut reply: Reply, times: usize) -> Reply {
+    let text = reply.pieces.concat();
+    reply.pieces = vec![text; times.clamp(1, MAX_REPEAT)];
+    reply
+}
+
 fn split_pieces(text: &str) -> Vec<String> {
     let mut pieces = Vec::new();
     for (i, word) in text.split(' ').enumerate() {
@@ -240,6 +250,20 @@ fn split_pieces(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_reply_says_its_text_n_times() {
+        let reply = Reply {
+            pieces: split_pieces("two words"),
+            tool_calls: Vec::new(),
+            id: "id".into(),
+            created: 0,
+            model: "m".into(),
+            prompt_tokens: 1,
+            truncated: false,
+        };
+        assert_eq!(repeated(reply, 3).pieces, vec!["two words"; 3]);
+    }
 
     fn request(json: Value) -> (ChatRequest, Vec<u8>) {
         let body = serde_json::to_vec(&json).unwrap();
