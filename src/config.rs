@@ -75,6 +75,16 @@ pub struct RawConfig {
 pub struct ModelPrice {
     pub input: f64,
     pub output: f64,
+    /// Input tokens the provider served from its prompt cache; the full input price when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+}
+
+impl ModelPrice {
+    /// The price of a cached input token.
+    pub fn cached_input(&self) -> f64 {
+        self.cached_input.unwrap_or(self.input)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

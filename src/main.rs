@@ -73,6 +73,14 @@ enum Command {
         /// the message it was in, and the stage that removed it.
         #[arg(long)]
         losses: bool,
+        /// Instead, bill the input of conversations in order (FILE.meta.jsonl's `conversation`
+        /// groups them) with the provider's prompt cache, as sent and as rewritten: input
+        /// tokens, cached share, bill at each cached-price ratio, and USD with `[prices]`.
+        #[arg(long)]
+        cost: bool,
+        /// With --cost: prices of a cached token relative to an uncached one.
+        #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.25,0.1")]
+        cached_ratio: Vec<f64>,
     },
     /// Replay recorded chat requests against a target as a load test, and summarize.
     Replay {
@@ -221,6 +229,8 @@ fn main() -> ExitCode {
             json,
             misses,
             losses,
+            cost,
+            cached_ratio,
         } => {
             let loaded = match Config::load(&config) {
                 Ok(loaded) => loaded,
@@ -255,6 +265,37 @@ fn main() -> ExitCode {
                             "{}",
                             serde_json::to_string_pretty(&eval).unwrap_or_default()
                         ),
+                        Err(e) => {
+                            eprintln!("cannot read {}: {e}", file.display());
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                return ExitCode::SUCCESS;
+            }
+            if cost {
+                for file in &files {
+                    let Ok(reader) = open(file) else {
+                        return ExitCode::FAILURE;
+                    };
+                    let meta = std::fs::File::open(file.with_extension("meta.jsonl"))
+                        .ok()
+                        .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
+                    match ctxproxy::analyze::cost::cost(
+                        reader,
+                        meta,
+                        &loaded,
+                        &tokenizers,
+                        &cached_ratio,
+                    ) {
+                        Ok(report) if json => println!(
+                            "{}",
+                            serde_json::to_string_pretty(&report).unwrap_or_default()
+                        ),
+                        Ok(report) => {
+                            println!("== {}", file.display());
+                            print!("{}", report.render());
+                        }
                         Err(e) => {
                             eprintln!("cannot read {}: {e}", file.display());
                             return ExitCode::FAILURE;

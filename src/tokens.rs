@@ -75,6 +75,11 @@ impl Encoding {
         }
     }
 
+    /// The token ids of `text` (every character as text, no special tokens).
+    pub fn encode(self, text: &str) -> Vec<u32> {
+        self.tokenizer().encode(text)
+    }
+
     /// Tokens of `text`: the tokenizer's own pre-tokenization, then each piece counted once
     /// per thread (words repeat, and counting a piece allocates an encoder). Same result as
     /// `Tokenizer::count`.

@@ -2,8 +2,10 @@
 //! or one `{"request": …}` object, per line) and reports what each stage saves, in total and
 //! per request, with the pipeline's own time. No upstream is called. With the answers the
 //! model really gave (`FILE.meta.jsonl`, or the `response` of a `[record]` recording) it also
-//! reports fidelity: what the rewrites lost that the answer used (`fidelity.rs`).
+//! reports fidelity: what the rewrites lost that the answer used (`fidelity.rs`). With
+//! `--cost`, the billed input with the provider's prompt cache (`cost.rs`).
 
+pub mod cost;
 pub mod fidelity;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,395 @@
+//! `ctxproxy analyze --cost`: what a user is billed for input when the provider caches prompt
+//! prefixes, with and without the rewrite. The rule is the one of `cache_cost.py`, the
+//! reference measure:
+//!
+//! - the prompt as the provider sees it: each tool as compact JSON and a newline, in order,
+//!   then each message as `<|role|>`, its content (the string, or the compact JSON of a parts
+//!   array), the compact JSON of its `tool_calls` and its `tool_call_id`, o200k_base tokens;
+//! - cached tokens: the longest common token prefix with the previous request of the same
+//!   conversation, 0 under 1,024, else rounded down to a multiple of 128;
+//! - the bill at cached-price ratio r, in uncached-token equivalents: uncached + r × cached; in
+//!   US dollars with `[prices]` (`input`, `cached_input`).
+
+use std::collections::HashMap;
+use std::io::BufRead;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::openai::ChatRequest;
+use crate::pipeline;
+use crate::tokens::{Encoding, Tokenizers};
+
+/// OpenAI's rule: no caching under this many tokens, then in steps of `CACHE_STEP`.
+const MIN_CACHED: usize = 1024;
+const CACHE_STEP: usize = 128;
+/// A follow-up whose common prefix is under this share of the previous request broke it.
+const BROKEN_BELOW: f64 = 0.9;
+
+/// The billed input of one side (the original requests, or the rewrites).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Bill {
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    /// Follow-up requests whose prefix broke (see `BROKEN_BELOW`).
+    pub prefix_broken: u64,
+    /// US dollars, with `[prices]`, over the requests whose model has a price.
+    pub usd: f64,
+}
+
+impl Bill {
+    pub fn cached_share(&self) -> f64 {
+        share(self.cached_tokens, self.input_tokens)
+    }
+
+    /// In uncached-token equivalents, a cached token costing `ratio` of an uncached one.
+    pub fn at_ratio(&self, ratio: f64) -> f64 {
+        (self.input_tokens - self.cached_tokens) as f64 + ratio * self.cached_tokens as f64
+    }
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CostReport {
+    pub requests: u64,
+    pub conversations: u64,
+    pub original: Bill,
+    pub rewritten: Bill,
+    /// Requests whose model has no `[prices]` entry (left out of the dollars).
+    pub unpriced: u64,
+    /// Rewrites over the budget (sent over the floor).
+    pub over_budget: u64,
+    pub ratios: Vec<f64>,
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+fn compact(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// The prompt text as the provider sees it (see the module docs).
+pub fn render_prompt(request: &Value) -> String {
+    let mut out = String::new();
+    for tool in request["tools"].as_array().into_iter().flatten() {
+        out.push_str(&compact(tool));
+        out.push('\n');
+    }
+    for message in request["messages"].as_array().into_iter().flatten() {
+        out.push_str("<|");
+        match &message["role"] {
+            Value::String(role) => out.push_str(role),
+            other => out.push_str(&compact(other)),
+        }
+        out.push_str("|>");
+        match &message["content"] {
+            Value::String(text) => out.push_str(text),
+            Value::Null => {}
+            parts => out.push_str(&compact(parts)),
+        }
+        match &message["tool_calls"] {
+            Value::Null | Value::Bool(false) => {}
+            Value::Array(calls) if calls.is_empty() => {}
+            Value::String(s) if s.is_empty() => {}
+            calls => out.push_str(&compact(calls)),
+        }
+        match &message["tool_call_id"] {
+            Value::Null | Value::Bool(false) => {}
+            Value::String(id) => out.push_str(id),
+            other => out.push_str(&compact(other)),
+        }
+    }
+    out
+}
+
+/// Cached tokens for a common prefix of `prefix` tokens.
+pub fn cached_of(prefix: usize) -> usize {
+    if prefix < MIN_CACHED {
+        0
+    } else {
+        prefix / CACHE_STEP * CACHE_STEP
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// One side's running bill: the last prompt of each conversation.
+#[derive(Default)]
+struct Ledger {
+    bill: Bill,
+    last: HashMap<String, Vec<u32>>,
+}
+
+impl Ledger {
+    fn add(&mut self, conversation: &str, prompt: &Value, price: Option<(f64, f64)>) {
+        let tokens = Encoding::O200kBase.encode(&render_prompt(prompt));
+        let previous = self.last.get(conversation);
+        let prefix = previous.map_or(0, |p| common_prefix(p, &tokens));
+        let cached = cached_of(prefix);
+        if let Some(previous) = previous
+            && (prefix as f64) < BROKEN_BELOW * previous.len() as f64
+        {
+            self.bill.prefix_broken += 1;
+        }
+        self.bill.input_tokens += tokens.len() as u64;
+        self.bill.cached_tokens += cached as u64;
+        if let Some((input, cached_input)) = price {
+            self.bill.usd +=
+                ((tokens.len() - cached) as f64 * input + cached as f64 * cached_input) / 1e6;
+        }
+        self.last.insert(conversation.to_owned(), tokens);
+    }
+}
+
+/// Bills every request of `reader` (one body per line, each conversation's requests in order;
+/// `meta` lines give each one's `conversation`, else the file is one conversation) as sent and
+/// as rewritten by the pipeline of `config`.
+pub fn cost(
+    reader: impl BufRead,
+    meta: Option<Box<dyn BufRead>>,
+    config: &Config,
+    tokenizers: &Tokenizers,
+    ratios: &[f64],
+) -> std::io::Result<CostReport> {
+    let memo = pipeline::Memo::default();
+    let mut meta_lines = meta.map(|m| m.lines());
+    let (mut original, mut rewritten) = (Ledger::default(), Ledger::default());
+    let mut report = CostReport {
+        ratios: ratios.to_vec(),
+        ..CostReport::default()
+    };
+    let mut conversations = std::collections::HashSet::new();
+    for line in reader.lines() {
+        let line = line?;
+        let meta_line = match meta_lines.as_mut().and_then(Iterator::next) {
+            Some(meta) => Some(meta?),
+            None => None,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Ok(body) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let Ok(request) = serde_json::from_value::<ChatRequest>(body.clone()) else {
+            continue;
+        };
+        let conversation = meta_line
+            .as_deref()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            .and_then(|m| m["conversation"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "all".to_owned());
+        conversations.insert(conversation.clone());
+        let price = config
+            .price_of(&request.model)
+            .map(|p| (p.input, p.cached_input()));
+        if price.is_none() {
+            report.unpriced += 1;
+        }
+        // As explain would: the previous tool turn's categories stand in for the store's.
+        let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
+        let env = pipeline::Env {
+            config: &config.pipeline,
+            counter: tokenizers.for_model(&request.model, None),
+            memo: &memo,
+            budget: config.pipeline.budget.max_tokens,
+            sticky_categories: &sticky,
+            reinforcement: None,
+        };
+        let rewrite = pipeline::run(&request, &env);
+        if !rewrite.report.fits {
+            report.over_budget += 1;
+        }
+        let sent = if rewrite.changed() {
+            serde_json::to_value(&rewrite.request).unwrap_or(Value::Null)
+        } else {
+            body.clone()
+        };
+        original.add(&conversation, &body, price);
+        rewritten.add(&conversation, &sent, price);
+        report.requests += 1;
+    }
+    report.conversations = conversations.len() as u64;
+    report.original = original.bill;
+    report.rewritten = rewritten.bill;
+    Ok(report)
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n.abs());
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if n < 0.0 { format!("-{out}") } else { out }
+}
+
+fn change(new: f64, old: f64) -> f64 {
+    if old == 0.0 {
+        0.0
+    } else {
+        100.0 * (new / old - 1.0)
+    }
+}
+
+impl CostReport {
+    /// The bill's change through ctxproxy at cached-price `ratio`, in percent.
+    pub fn bill_change(&self, ratio: f64) -> f64 {
+        change(
+            self.rewritten.at_ratio(ratio),
+            self.original.at_ratio(ratio),
+        )
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} requests, {} conversations\n",
+            self.requests, self.conversations
+        );
+        let ratios: Vec<String> = self
+            .ratios
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if i == 0 {
+                    format!("bill ×{r}")
+                } else {
+                    format!("×{r}")
+                }
+            })
+            .collect();
+        out.push_str(&format!(
+            "|  | input tokens | share cached | {} | USD ([prices]) |\n",
+            ratios.join(" | ")
+        ));
+        out.push_str(&format!("|{}\n", "---|".repeat(4 + self.ratios.len())));
+        let original = &self.original;
+        let bills: Vec<String> = self
+            .ratios
+            .iter()
+            .map(|r| thousands(original.at_ratio(*r)))
+            .collect();
+        out.push_str(&format!(
+            "| original requests | {} | {:.1}% | {} | {:.4} |\n",
+            thousands(original.input_tokens as f64),
+            original.cached_share(),
+            bills.join(" | "),
+            original.usd
+        ));
+        let rewritten = &self.rewritten;
+        let changes: Vec<String> = self
+            .ratios
+            .iter()
+            .map(|r| format!("{:+.1}%", self.bill_change(*r)))
+            .collect();
+        out.push_str(&format!(
+            "| through ctxproxy | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",
+            thousands(rewritten.input_tokens as f64),
+            change(rewritten.input_tokens as f64, original.input_tokens as f64),
+            rewritten.cached_share(),
+            changes.join(" | "),
+            rewritten.usd,
+            change(rewritten.usd, original.usd)
+        ));
+        let follow_ups = self.requests.saturating_sub(self.conversations);
+        out.push_str(&format!(
+            "prefix broken (common prefix < 90% of the previous request): original {} of {follow_ups}, through ctxproxy {} of {follow_ups}\n",
+            original.prefix_broken, rewritten.prefix_broken
+        ));
+        if self.unpriced > 0 {
+            out.push_str(&format!(
+                "{} requests have a model without a [prices] entry: left out of the USD column\n",
+                self.unpriced
+            ));
+        }
+        if self.over_budget > 0 {
+            out.push_str(&format!(
+                "{} rewrites are over the budget (sent over the floor)\n",
+                self.over_budget
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prompts_render_tools_first_then_messages() {
+        let request = json!({
+            "model": "gpt-4o",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "hé"}]}
+            ]
+        });
+        assert_eq!(
+            render_prompt(&request),
+            "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}\n\
+             <|system|>Be brief.\
+             <|assistant|>[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]\
+             <|tool|>okc1\
+             <|user|>[{\"type\":\"text\",\"text\":\"hé\"}]"
+        );
+    }
+
+    #[test]
+    fn numbers_get_thousands_separators() {
+        assert_eq!(thousands(2698640.0), "2,698,640");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(-1000.0), "-1,000");
+    }
+
+    #[test]
+    fn the_cache_counts_from_1024_tokens_in_steps_of_128() {
+        assert_eq!(cached_of(1023), 0);
+        assert_eq!(cached_of(1024), 1024);
+        assert_eq!(cached_of(1300), 1280);
+    }
+
+    #[test]
+    fn a_stable_prefix_is_cached_and_a_changed_one_is_not() {
+        let long = "word ".repeat(1500);
+        let first = json!({"messages": [{"role": "system", "content": long}, {"role": "user", "content": "a"}]});
+        let second = json!({"messages": [{"role": "system", "content": long}, {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]});
+        let changed = json!({"messages": [{"role": "system", "content": format!("New. {long}")}]});
+        let mut ledger = Ledger::default();
+        ledger.add("c", &first, Some((2.0, 1.0)));
+        assert_eq!(
+            ledger.bill.cached_tokens, 0,
+            "a conversation's first request"
+        );
+        ledger.add("c", &second, Some((2.0, 1.0)));
+        let cached = ledger.bill.cached_tokens;
+        assert!(cached >= 1024 && cached % 128 == 0, "{cached}");
+        ledger.add("c", &changed, Some((2.0, 1.0)));
+        assert_eq!(
+            ledger.bill.cached_tokens, cached,
+            "the changed start is not cached"
+        );
+        assert_eq!(ledger.bill.prefix_broken, 1);
+        let uncached = (ledger.bill.input_tokens - cached) as f64;
+        let expected = (uncached * 2.0 + cached as f64) / 1e6;
+        assert!((ledger.bill.usd - expected).abs() < 1e-12);
+    }
+}
