@@ -9,7 +9,7 @@
 //! part is over; the caller's policy forwards it flagged (default) or rejects it.
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::working_set::WorkingSet;
 use super::{Params, PipelineConfig, StageReport};
@@ -34,9 +34,6 @@ const STEPS: &[Step] = &[
     }),
     // The last turn and the assistant message it answers; the rest goes to the ledger.
     ("window_working_set", |p, _| p.window_turns_cap = Some(1)),
-    ("short_tool_descriptions", |p, _| {
-        p.shorten_tool_descriptions = true
-    }),
     // Last resort, before the policy refuses the request.
     ("no_summary_segments", |p, _| p.max_segments = 0),
 ];
@@ -137,9 +134,6 @@ fn summary_section(text: &str) -> Option<&str> {
     Some(&text[start..end + "</conversation_summary>".len()])
 }
 
-/// Characters kept of a tool or parameter description when shortening them.
-const SHORT_DESCRIPTION_CHARS: usize = 80;
-
 /// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the
 /// first (least reduced) step that fits. Each step only reduces more than the one before, so
 /// the tightest is tried first (when even it does not fit, it is the best effort) and the first
@@ -157,10 +151,7 @@ pub fn fit(
         for (_, tighten) in &STEPS[..steps] {
             tighten(&mut params, config);
         }
-        let mut candidate = rerun(&params);
-        if params.shorten_tool_descriptions {
-            shorten_tool_descriptions(&mut candidate);
-        }
+        let candidate = rerun(&params);
         let tokens = counter.request(&candidate);
         (candidate, tokens)
     };
@@ -193,70 +184,4 @@ pub fn fit(
         details: json!({"budget": budget, "steps": names, "fits": tokens_after <= budget}),
     };
     (request, report)
-}
-
-/// Cuts every tool description, and every parameter description in its schema, to its first
-/// sentence (at most `SHORT_DESCRIPTION_CHARS`).
-fn shorten_tool_descriptions(request: &mut ChatRequest) {
-    let Some(tools) = request.tools.get_mut() else {
-        return;
-    };
-    for function in tools.iter_mut().filter_map(|t| t.function.as_mut()) {
-        if let Some(description) = function.description.get_mut() {
-            *description = shorten(description);
-        }
-        if let Some(parameters) = function.parameters.get_mut() {
-            shorten_schema(parameters);
-        }
-    }
-}
-
-fn shorten_schema(schema: &mut Value) {
-    match schema {
-        Value::Object(map) => {
-            for (key, value) in map.iter_mut() {
-                match value {
-                    Value::String(text) if key == "description" => *text = shorten(text),
-                    other => shorten_schema(other),
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(shorten_schema),
-        _ => {}
-    }
-}
-
-fn shorten(text: &str) -> String {
-    let sentence = super::text::first_sentence(text, usize::MAX);
-    if sentence.chars().count() <= SHORT_DESCRIPTION_CHARS {
-        return sentence;
-    }
-    let cut = sentence
-        .char_indices()
-        .nth(SHORT_DESCRIPTION_CHARS)
-        .map_or(sentence.len(), |(i, _)| i);
-    let cut = sentence[..cut].rfind(' ').unwrap_or(cut);
-    format!("{}…", &sentence[..cut])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn descriptions_shrink_to_their_first_sentence() {
-        let mut request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [],
-            "tools": [{"type": "function", "function": {"name": "f",
-                "description": "Get a reservation. Use it whenever the user asks about bookings, and never guess ids.",
-                "parameters": {"type": "object", "properties": {"id": {"type": "string",
-                    "description": "The reservation id, such as 8JX2WO. It is six characters."}}}}}]}))
-        .unwrap();
-        shorten_tool_descriptions(&mut request);
-        let function = request.tools.get().unwrap()[0].function.clone().unwrap();
-        assert_eq!(function.description.get().unwrap(), "Get a reservation.");
-        assert_eq!(
-            function.parameters.get().unwrap()["properties"]["id"]["description"],
-            "The reservation id, such as 8JX2WO."
-        );
-    }
 }

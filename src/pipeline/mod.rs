@@ -106,7 +106,6 @@ pub struct Params {
     pub keep_recent_results: usize,
     pub tool_result_max_tokens: usize,
     pub max_string_chars: usize,
-    pub shorten_tool_descriptions: bool,
 }
 
 impl Params {
@@ -117,7 +116,6 @@ impl Params {
             keep_recent_results: config.compact.keep_recent_results,
             tool_result_max_tokens: config.compact.tool_result_max_tokens,
             max_string_chars: config.compact.max_string_chars,
-            shorten_tool_descriptions: false,
         }
     }
 }

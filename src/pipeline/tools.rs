@@ -185,32 +185,13 @@ impl Stage for ToolsStage {
         // Scores read what the client sent; protection reads what is sent on (a call the
         // window removed needs no definition).
         let original = cx.original_messages;
-        let original_start = current_turn_start(original);
-        // The current exchange: the last user message and the assistant text it answers
-        // ("Could you give me your user id?" → "mia_li_3668").
-        let mut current: Vec<String> = original
-            .get(original_start)
-            .filter(|m| m.role == Role::User)
-            .map(|m| content_words(&message_text(m)))
-            .unwrap_or_default();
-        if let Some(asked) = original[..original_start]
-            .iter()
-            .rev()
-            .take_while(|m| m.role != Role::User)
-            .find(|m| m.role == Role::Assistant && !message_text(m).trim().is_empty())
-        {
-            current.extend(content_words(last_chars(
-                &message_text(asked),
-                config.context_chars,
-            )));
-        }
-        let context = context_words(original, config.context_turns, config.context_chars);
-        let scores = score(&catalog, &current, &context, config.context_weight);
-        let matched: Vec<String> = scores
-            .iter()
-            .filter(|(_, (s, _))| *s >= config.min_score)
-            .map(|(name, _)| name.clone())
-            .collect();
+        let scores = turn_scores(&catalog, original, config);
+        let matched: Vec<String> = matched_of(&scores, config);
+        // The conversation's tool block only grows: what an earlier user turn matched, or a
+        // tool the conversation called, stays offered, so the tools sent (the start of the
+        // prompt) are the same bytes from turn to turn (the provider's prompt cache), and any
+        // replica reaches the same block from the history alone.
+        let earlier = earlier_turn_categories(&catalog, original, config, cx.memo);
 
         // Protected tools and categories.
         let messages = &request.messages;
@@ -220,7 +201,7 @@ impl Stage for ToolsStage {
         if let Some(chosen) = chosen_tool(request) {
             protected.push(chosen);
         }
-        for message in messages {
+        for message in messages.iter().chain(original) {
             protected.extend(message.tool_calls().iter().map(|c| c.function.name.clone()));
         }
         let mid_loop = messages
@@ -255,17 +236,23 @@ impl Stage for ToolsStage {
             .filter(|s| catalog.categories.iter().any(|c| &c.name == *s))
             .cloned()
             .collect();
+        // Earlier turns' categories count as sticky: a follow-up needs them again.
+        let mut carried = sticky;
+        for category in earlier.iter() {
+            if !carried.contains(category) {
+                carried.push(category.clone());
+            }
+        }
         let (mut selected, mut reason) = if !matched.is_empty() {
-            // A follow-up often needs its last turn's tools again, so sticky ones stay.
             let mut selected = matched;
-            for category in sticky {
+            for category in carried {
                 if !selected.contains(&category) {
                     selected.push(category);
                 }
             }
             (selected, Reason::Match)
-        } else if !sticky.is_empty() {
-            (sticky, Reason::Sticky)
+        } else if !carried.is_empty() {
+            (carried, Reason::Sticky)
         } else if config.on_no_match == OnNoMatch::KeepAll {
             (
                 catalog.categories.iter().map(|c| c.name.clone()).collect(),
@@ -319,6 +306,89 @@ impl Stage for ToolsStage {
             details,
         }
     }
+}
+
+/// The categories scores for the last user message of `messages` (with the assistant text it
+/// answers) and the turns before it as context.
+fn turn_scores(
+    catalog: &Catalog,
+    messages: &[Message],
+    config: &super::config::ToolsConfig,
+) -> Vec<(String, (f64, Vec<String>))> {
+    let start = current_turn_start(messages);
+    // The current exchange: the last user message and the assistant text it answers
+    // ("Could you give me your user id?" → "mia_li_3668").
+    let mut current: Vec<String> = messages
+        .get(start)
+        .filter(|m| m.role == Role::User)
+        .map(|m| content_words(&message_text(m)))
+        .unwrap_or_default();
+    if let Some(asked) = messages[..start]
+        .iter()
+        .rev()
+        .take_while(|m| m.role != Role::User)
+        .find(|m| m.role == Role::Assistant && !message_text(m).trim().is_empty())
+    {
+        current.extend(content_words(last_chars(
+            &message_text(asked),
+            config.context_chars,
+        )));
+    }
+    let context = context_words(messages, config.context_turns, config.context_chars);
+    score(catalog, &current, &context, config.context_weight)
+        .into_iter()
+        .collect()
+}
+
+fn matched_of(
+    scores: &[(String, (f64, Vec<String>))],
+    config: &super::config::ToolsConfig,
+) -> Vec<String> {
+    scores
+        .iter()
+        .filter(|(_, (s, _))| *s >= config.min_score)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Seed of the memo keys of one user turn's matched categories.
+const TURN_SEED: u64 = 0x7475_726e_0000_0001;
+
+/// The categories earlier user turns of `messages` matched (each scored as it was then, with
+/// its own context), and those of every tool the conversation called; each turn is scored once
+/// per process (memoized by the conversation up to it).
+fn earlier_turn_categories(
+    catalog: &Catalog,
+    messages: &[Message],
+    config: &super::config::ToolsConfig,
+    memo: &Memo,
+) -> BTreeSet<String> {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let current = current_turn_start(messages);
+    let mut found = BTreeSet::new();
+    let mut hasher = foldhash::quality::FixedState::with_seed(TURN_SEED).build_hasher();
+    catalog.key.hash(&mut hasher);
+    (config.min_score.to_bits(), config.context_weight.to_bits()).hash(&mut hasher);
+    (config.context_turns, config.context_chars).hash(&mut hasher);
+    for (index, message) in messages.iter().enumerate() {
+        crate::tokens::hash_message(message, &mut hasher);
+        for call in message.tool_calls() {
+            found.extend(
+                catalog
+                    .categories_of(&call.function.name)
+                    .map(str::to_owned),
+            );
+        }
+        if index >= current || message.role != Role::User {
+            continue;
+        }
+        let key = hasher.clone().finish();
+        let matched = memo.value(key, || {
+            matched_of(&turn_scores(catalog, &messages[..=index], config), config)
+        });
+        found.extend(matched.iter().cloned());
+    }
+    found
 }
 
 /// The request without tools: `tool_choice` and `parallel_tool_calls` would make it invalid.
@@ -574,7 +644,64 @@ mod tests {
         };
         let kept = ToolsStage.apply(&windowed, &cx).tools.unwrap();
         let names: Vec<&str> = kept.iter().filter_map(tool_name).collect();
-        assert_eq!(names, ["email_send", "email_search"]);
+        // Email from the answered question; the calendar from the earlier turn, still offered
+        // (the conversation's tool block only grows).
+        assert_eq!(
+            names,
+            [
+                "calendar_create_event",
+                "calendar_list_events",
+                "email_send",
+                "email_search"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_conversations_tool_block_only_grows() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let turns = [
+            "what's on my calendar today?",
+            "thanks, that's all for the calendar",
+            "ok",
+            "now send an email to Ana",
+            "thanks",
+        ];
+        let mut messages = Vec::new();
+        let mut previous: Vec<String> = Vec::new();
+        for (i, text) in turns.iter().enumerate() {
+            messages.push(json!({"role": "user", "content": text}));
+            let request: ChatRequest = serde_json::from_value(
+                json!({"model": "gpt-4o", "messages": messages, "tools": offered()}),
+            )
+            .unwrap();
+            let cx = StageCx {
+                config: &config,
+                params: &crate::pipeline::Params::from_config(&config),
+                counter: &counter,
+                memo: &memo,
+                sticky_categories: &[],
+                original_messages: &request.messages,
+            };
+            let output = ToolsStage.apply(&request, &cx);
+            let sent: Vec<String> = output
+                .tools
+                .unwrap_or_else(|| request.tools.get().cloned().unwrap_or_default())
+                .iter()
+                .filter_map(tool_name)
+                .map(str::to_owned)
+                .collect();
+            assert!(
+                previous.iter().all(|t| sent.contains(t)),
+                "turn {i}: {previous:?} → {sent:?}"
+            );
+            previous = sent;
+            messages.push(json!({"role": "assistant", "content": "Done."}));
+        }
+        assert!(previous.iter().any(|t| t.starts_with("calendar_")));
+        assert!(previous.iter().any(|t| t.starts_with("email_")));
     }
 
     #[test]

@@ -127,6 +127,8 @@ pub struct Category {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub categories: Vec<Category>,
+    /// A hash of what it was built from (tools and config), for memo keys derived from it.
+    pub key: u64,
 }
 
 pub fn tool_name(tool: &Tool) -> Option<&str> {
@@ -194,7 +196,11 @@ impl Catalog {
         for category in &config.categories {
             (&category.name, &category.keywords, &category.tools).hash(&mut hasher);
         }
-        memo.catalog(hasher.finish(), || Catalog::build(tools, config))
+        let key = hasher.finish();
+        memo.catalog(key, || Catalog {
+            key,
+            ..Catalog::build(tools, config)
+        })
     }
 
     pub fn build(tools: &[Tool], config: &ToolsConfig) -> Catalog {
@@ -253,7 +259,7 @@ impl Catalog {
             }
         }
         share_common_keywords(&mut categories[configured..]);
-        Catalog { categories }
+        Catalog { categories, key: 0 }
     }
 
     /// The categories a tool belongs to.
