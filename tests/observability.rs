@@ -415,3 +415,40 @@ fn promtool_accepts_the_shipped_rules_and_config() {
         );
     }
 }
+
+/// The provider's prompt cache as the upstream reports it (`prompt_tokens_details`): the mock
+/// caches a conversation's common prefix, and the proxy exports what it reported.
+#[tokio::test]
+async fn the_providers_cached_prompt_tokens_are_exported() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let policy = "Follow the airline policy exactly and verify the user first. ".repeat(120);
+    let mut messages = vec![
+        json!({"role": "system", "content": policy}),
+        json!({"role": "user", "content": "Hi, I want to change my flight."}),
+    ];
+    let mut cached = Vec::new();
+    for turn in 0..2 {
+        let body = json!({"model": "gpt-4o", "messages": messages});
+        let response = send(
+            &proxy.url("/v1/chat/completions"),
+            &body,
+            &[("x-conversation-id", "cache-conv")],
+        )
+        .await;
+        let answer: Value = response.json().await.unwrap();
+        cached.push(
+            answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+        messages.push(json!({"role": "assistant", "content": format!("Answer {turn}.")}));
+        messages.push(json!({"role": "user", "content": "And the fee?"}));
+    }
+    assert_eq!(cached[0], 0, "a conversation's first request");
+    assert!(cached[1] >= 1024, "{cached:?}");
+    let exported = proxy
+        .metric("ctxproxy_usage_tokens_total", &[("kind", "cached_prompt")])
+        .await;
+    assert_eq!(exported, cached[1] as f64);
+}

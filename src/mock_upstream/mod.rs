@@ -9,7 +9,9 @@
 //! event each (large answers for load tests). `max_tokens` / `max_completion_tokens` cut a text answer at that
 //! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
 //! requests (those ending with an assistant message and then a user or system message, as a
-//! continuation or a retry does). It stores nothing; `/mock/stats` exposes counters.
+//! continuation or a retry does). `usage.prompt_tokens_details.cached_tokens` is what a
+//! provider's prompt cache would serve: the common prefix with the conversation's previous
+//! request. It stores nothing; `/mock/stats` exposes counters.
 
 mod embeddings;
 mod reply;
@@ -100,6 +102,52 @@ impl MockStats {
 struct MockState {
     options: Arc<MockOptions>,
     stats: Arc<MockStats>,
+    /// The last prompt of each conversation, for `cached_tokens`.
+    prompts: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>>,
+}
+
+/// Conversations whose last prompt the mock remembers (then it forgets them all).
+const MAX_CONVERSATIONS: usize = 10_000;
+
+impl MockState {
+    /// A provider's prompt cache: the prompt's common prefix with the previous request of the
+    /// same conversation (`X-Conversation-Id`, else its first user message), at ~4 bytes a
+    /// token, none under 1,024 tokens, else in steps of 128 (OpenAI's rule).
+    fn cached_tokens(&self, headers: &HeaderMap, request: &ChatRequest, prompt_tokens: u64) -> u64 {
+        let conversation = header_str(headers, "x-conversation-id")
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                request
+                    .messages
+                    .iter()
+                    .find(|m| m.role == crate::openai::Role::User)
+                    .and_then(|m| m.content.get())
+                    .map(|c| c.text().into_owned())
+                    .unwrap_or_default()
+            });
+        let prompt =
+            serde_json::to_vec(&(request.tools.get(), &request.messages)).unwrap_or_default();
+        let Ok(mut prompts) = self.prompts.lock() else {
+            return 0;
+        };
+        let shared = prompts.get(&conversation).map_or(0, |previous| {
+            previous
+                .iter()
+                .zip(&prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        if prompts.len() >= MAX_CONVERSATIONS {
+            prompts.clear();
+        }
+        prompts.insert(conversation, prompt);
+        let tokens = (shared / 4) as u64;
+        if tokens < 1024 {
+            0
+        } else {
+            (tokens / 128 * 128).min(prompt_tokens)
+        }
+    }
 }
 
 pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
@@ -107,6 +155,7 @@ pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
     let state = MockState {
         options: Arc::new(options),
         stats: stats.clone(),
+        prompts: Arc::default(),
     };
     let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -214,7 +263,8 @@ async fn chat_completions(
     if let Some(times) = header_str(&headers, "x-mock-reply-repeat").and_then(|v| v.parse().ok()) {
         reply = reply::repeated(reply, times);
     }
-    let reply = reply::limited(reply, &request);
+    let mut reply = reply::limited(reply, &request);
+    reply.cached_tokens = state.cached_tokens(&headers, &request, reply.prompt_tokens);
     if request.is_stream() {
         return stream_reply(&state, reply, request.include_usage());
     }

@@ -16,6 +16,8 @@ pub struct Reply {
     pub pieces: Vec<String>,
     pub tool_calls: Vec<MockToolCall>,
     pub prompt_tokens: u64,
+    /// Prompt tokens a provider's prompt cache would serve (`prompt_tokens_details`).
+    pub cached_tokens: u64,
     /// Cut at the request's `max_tokens` (`finish_reason: "length"`).
     pub truncated: bool,
 }
@@ -57,6 +59,7 @@ impl Reply {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 }
@@ -115,6 +118,7 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
                 created,
                 model: request.model.clone(),
                 prompt_tokens,
+                cached_tokens: 0,
                 truncated: false,
             };
         }
@@ -138,6 +142,7 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
         created,
         model: request.model.clone(),
         prompt_tokens,
+        cached_tokens: 0,
         truncated: false,
     }
 }
@@ -260,6 +265,7 @@ mod tests {
             created: 0,
             model: "m".into(),
             prompt_tokens: 1,
+            cached_tokens: 0,
             truncated: false,
         };
         assert_eq!(repeated(reply, 3).pieces, vec!["two words"; 3]);
