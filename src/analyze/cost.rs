@@ -60,6 +60,10 @@ pub struct CostReport {
     /// Rewrites over the budget (sent over the floor).
     pub over_budget: u64,
     pub ratios: Vec<f64>,
+    /// Follow-ups whose client request extends the previous one but whose rewrite does not
+    /// start with the previous rewrite, by the first stage that changed it (`budget` when the
+    /// stages' first pass kept the prefix and the budget's retries did not).
+    pub prefix_changed_by: std::collections::BTreeMap<String, u64>,
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -121,6 +125,40 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// The previous request of each conversation, as sent by the client and after each stage.
+#[derive(Default)]
+struct PreviousRenders {
+    last: HashMap<String, (String, Vec<(&'static str, String)>, String)>,
+}
+
+impl PreviousRenders {
+    /// The first stage whose output no longer starts with the previous request's output of the
+    /// same stage, when the client's request extends the previous one and the rewrite does not
+    /// extend the previous rewrite.
+    fn changed_by(
+        &mut self,
+        conversation: &str,
+        original: String,
+        stages: Vec<(&'static str, String)>,
+        sent: String,
+    ) -> Option<&'static str> {
+        let found = self.last.get(conversation).and_then(|(o, s, r)| {
+            if !original.starts_with(o.as_str()) || sent.starts_with(r.as_str()) {
+                return None;
+            }
+            let first = stages
+                .iter()
+                .zip(s)
+                .find(|((_, now), (_, before))| !now.starts_with(before.as_str()))
+                .map(|((name, _), _)| *name);
+            Some(first.unwrap_or("budget"))
+        });
+        self.last
+            .insert(conversation.to_owned(), (original, stages, sent));
+        found
+    }
+}
+
 /// One side's running bill: the last prompt of each conversation.
 #[derive(Default)]
 struct Ledger {
@@ -162,6 +200,7 @@ pub fn cost(
     let memo = pipeline::Memo::default();
     let mut meta_lines = meta.map(|m| m.lines());
     let (mut original, mut rewritten) = (Ledger::default(), Ledger::default());
+    let mut previous = PreviousRenders::default();
     let mut report = CostReport {
         ratios: ratios.to_vec(),
         ..CostReport::default()
@@ -215,6 +254,24 @@ pub fn cost(
         };
         original.add(&conversation, &body, price);
         rewritten.add(&conversation, &sent, price);
+        let stages = pipeline::stage_snapshots(&request, &env)
+            .into_iter()
+            .map(|(name, r)| {
+                let value = serde_json::to_value(&r).unwrap_or(Value::Null);
+                (name, render_prompt(&value))
+            })
+            .collect();
+        if let Some(stage) = previous.changed_by(
+            &conversation,
+            render_prompt(&body),
+            stages,
+            render_prompt(&sent),
+        ) {
+            *report
+                .prefix_changed_by
+                .entry(stage.to_owned())
+                .or_default() += 1;
+        }
         report.requests += 1;
     }
     report.conversations = conversations.len() as u64;
@@ -308,6 +365,17 @@ impl CostReport {
             "prefix broken (common prefix < 90% of the previous request): original {} of {follow_ups}, through ctxproxy {} of {follow_ups}\n",
             original.prefix_broken, rewritten.prefix_broken
         ));
+        if !self.prefix_changed_by.is_empty() {
+            let by: Vec<String> = self
+                .prefix_changed_by
+                .iter()
+                .map(|(stage, n)| format!("{stage} {n}"))
+                .collect();
+            out.push_str(&format!(
+                "rewrites that do not extend the previous one (the client's did), by the first stage that changed it: {}\n",
+                by.join(", ")
+            ));
+        }
         if self.unpriced > 0 {
             out.push_str(&format!(
                 "{} requests have a model without a [prices] entry: left out of the USD column\n",
@@ -349,6 +417,42 @@ mod tests {
              <|assistant|>[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]\
              <|tool|>okc1\
              <|user|>[{\"type\":\"text\",\"text\":\"hé\"}]"
+        );
+    }
+
+    #[test]
+    fn the_first_stage_that_breaks_the_prefix_is_named() {
+        let mut previous = PreviousRenders::default();
+        let stages = |a: &str, b: &str| vec![("tools", a.to_owned()), ("window", b.to_owned())];
+        assert_eq!(
+            previous.changed_by("c", "ab".into(), stages("T1", "T1 W1"), "T1 W1".into()),
+            None,
+            "a conversation's first request"
+        );
+        // The client appended; the window stage rewrote what it had sent.
+        assert_eq!(
+            previous.changed_by("c", "abc".into(), stages("T1", "T1 W2 x"), "T1 W2 x".into()),
+            Some("window")
+        );
+        // Appended, and appended again: no change.
+        assert_eq!(
+            previous.changed_by(
+                "c",
+                "abcd".into(),
+                stages("T1", "T1 W2 x y"),
+                "T1 W2 x y".into()
+            ),
+            None
+        );
+        // The stages kept the prefix, the final rewrite did not: the budget's retries.
+        assert_eq!(
+            previous.changed_by(
+                "c",
+                "abcde".into(),
+                stages("T1", "T1 W2 x y z"),
+                "T9".into()
+            ),
+            Some("budget")
         );
     }
 
