@@ -125,10 +125,13 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// The previous request of each conversation, as sent by the client and after each stage.
+/// A request's prompt after each stage of the first pass.
+type StageRenders = Vec<(&'static str, String)>;
+
+/// The previous request of each conversation: as the client sent it, after each stage, as sent.
 #[derive(Default)]
 struct PreviousRenders {
-    last: HashMap<String, (String, Vec<(&'static str, String)>, String)>,
+    last: HashMap<String, (String, StageRenders, String)>,
 }
 
 impl PreviousRenders {
@@ -139,7 +142,7 @@ impl PreviousRenders {
         &mut self,
         conversation: &str,
         original: String,
-        stages: Vec<(&'static str, String)>,
+        stages: StageRenders,
         sent: String,
     ) -> Option<&'static str> {
         let found = self.last.get(conversation).and_then(|(o, s, r)| {
