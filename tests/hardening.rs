@@ -244,3 +244,31 @@ async fn metrics_can_live_on_their_own_address() {
         ) >= 1.0
     );
 }
+
+#[tokio::test]
+async fn a_kept_alive_connection_lives_for_the_idle_timeout_not_the_header_timeout() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(
+        &mock,
+        "header_read_timeout_ms = 200\nidle_timeout_ms = 3000",
+    )
+    .await;
+    let mut connection = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut buf = [0u8; 1024];
+    for _ in 0..2 {
+        connection
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(2), connection.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..read]).starts_with("HTTP/1.1 200"),
+            "still open after an idle pause longer than the header timeout"
+        );
+        // Idle for 4x the header timeout, well within the idle timeout.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+}

@@ -192,22 +192,26 @@ pub async fn dedup_look_up(
     let config = &state.config.cache.dedup;
     let started = Instant::now();
     let entries = state.store.list(&plan.key).await;
-    let matched = entries.iter().find_map(|bytes| {
+    let matches = entries.iter().filter_map(|bytes| {
         let entry: DedupEntry = serde_json::from_slice(bytes).ok()?;
         let vector = decode(&entry.vector)?;
         (cosine(&vector, &plan.vector) >= config.threshold
             && guard(&entry.question, &plan.question).is_ok())
         .then_some(entry.answer_key)
     });
-    // Only the one answer served is fetched (it may have expired before its index entry).
-    let found = match matched {
-        Some(answer_key) => state
+    // Only answers to matching questions are fetched, one at a time, until one is still there
+    // (an answer may expire before its index entry).
+    let mut found = None;
+    for answer_key in matches {
+        found = state
             .store
             .get(&answer_key)
             .await
-            .and_then(|bytes| serde_json::from_slice::<ChatCompletion>(&bytes).ok()),
-        None => None,
-    };
+            .and_then(|bytes| serde_json::from_slice::<ChatCompletion>(&bytes).ok());
+        if found.is_some() {
+            break;
+        }
+    }
     state
         .metrics
         .cache_lookup_duration

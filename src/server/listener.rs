@@ -1,7 +1,9 @@
 //! Accepting connections, so that slow, idle or hostile clients can't take the proxy down: at
-//! most `max_connections` at once (more wait a moment in the backlog, then are closed), a
-//! request's headers within `header_read_timeout`, and a connection with nothing in progress
-//! closed after `idle_timeout`. Graceful shutdown lives here too.
+//! most `max_connections` at once (more wait up to a second for a place, then are closed), the
+//! first request's headers within `header_read_timeout` of the connection's start, and a
+//! connection with nothing in progress closed `idle_timeout` after its last request ended
+//! (bytes alone, an HTTP/2 ping or a slow header, never keep it). Graceful shutdown lives here
+//! too.
 
 use std::future::Future;
 use std::io;
@@ -62,18 +64,17 @@ pub async fn serve(
     let places = Arc::new(Semaphore::new(config.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
+    // hyper's header timer runs from the end of each response, so it bounds a kept-alive
+    // connection's wait for its next request: the idle timeout. The first request's headers are
+    // bounded by `Watched`, from the connection's start.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read)
+        .header_read_timeout(limits.idle.max(limits.header_read))
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     let mut shutdown = pin!(shutdown);
     loop {
-        let place = tokio::select! {
-            () = &mut shutdown => break,
-            place = tokio::time::timeout(CONNECTION_WAIT, places.clone().acquire_owned()) => place,
-        };
         let accepted = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
@@ -86,30 +87,38 @@ pub async fn serve(
                 continue;
             }
         };
-        // No free place within the wait: this connection is closed at once.
-        let Ok(Ok(place)) = place else {
-            metrics.connections_refused.inc();
-            drop(tcp);
-            continue;
-        };
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let activity = Arc::new(Activity::default());
-        let io = TokioIo::new(Watched::new(tcp, activity.clone(), limits));
-        let service = tracked(router.clone(), activity);
-        let connection = builder
-            .serve_connection_with_upgrades(io, service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        let open = metrics.open_connections.clone();
-        open.inc();
+        let places = places.clone();
+        let open = OpenConnection::new(metrics);
+        let refused = metrics.connections_refused.clone();
+        let builder = builder.clone();
+        let router = router.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            // Past `max_connections`, a connection waits briefly for a place, then is closed.
+            let place = match places.clone().try_acquire_owned() {
+                Ok(place) => place,
+                Err(_) => match tokio::time::timeout(CONNECTION_WAIT, places.acquire_owned()).await
+                {
+                    Ok(Ok(place)) => place,
+                    _ => {
+                        refused.inc();
+                        return;
+                    }
+                },
+            };
+            let activity = Arc::new(Activity::new());
+            let io = TokioIo::new(Watched::new(tcp, activity.clone(), limits));
+            let service = tracked(router, activity);
+            let connection = builder
+                .serve_connection_with_upgrades(io, service)
+                .into_owned();
+            if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            open.dec();
-            drop(place);
+            drop((open, place));
         });
     }
     drop(listener);
@@ -122,13 +131,68 @@ pub async fn serve(
     Ok(())
 }
 
-/// Requests in progress on one connection (from the request's arrival to its response body's
-/// end): while there is one, the connection is not idle.
-#[derive(Debug, Default)]
+/// The open-connections gauge, decremented however the connection's task ends.
+struct OpenConnection(prometheus::IntGauge);
+
+impl OpenConnection {
+    fn new(metrics: &Metrics) -> Self {
+        metrics.open_connections.inc();
+        OpenConnection(metrics.open_connections.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What one connection is doing: requests in progress (from a request's arrival to its
+/// response body's end, or the request's cancellation), when the last one ended, and the
+/// reader to wake when none is left (its idle timer starts then).
+#[derive(Debug)]
 struct Activity {
     in_progress: AtomicUsize,
     /// Requests begun on this connection.
     begun: AtomicUsize,
+    /// When the connection started, then when its last request in progress ended.
+    idle_since: std::sync::Mutex<Instant>,
+    reader: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_progress: AtomicUsize::new(0),
+            begun: AtomicUsize::new(0),
+            idle_since: std::sync::Mutex::new(Instant::now()),
+            reader: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InProgress {
+        self.in_progress.fetch_add(1, Ordering::SeqCst);
+        self.begun.fetch_add(1, Ordering::SeqCst);
+        InProgress(self.clone())
+    }
+}
+
+/// One request in progress; dropped with its response body, or with the request's future when
+/// the request is cancelled (an HTTP/2 reset, say).
+struct InProgress(Arc<Activity>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        if let Ok(mut since) = activity.idle_since.lock() {
+            *since = Instant::now();
+        }
+        if activity.in_progress.fetch_sub(1, Ordering::SeqCst) == 1
+            && let Some(reader) = activity.reader.lock().ok().and_then(|mut r| r.take())
+        {
+            reader.wake();
+        }
+    }
 }
 
 /// `router` as a hyper service that keeps `activity` up to date.
@@ -142,29 +206,24 @@ fn tracked(
     Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
 > + Clone {
     hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        activity.in_progress.fetch_add(1, Ordering::Relaxed);
-        activity.begun.fetch_add(1, Ordering::Relaxed);
-        let activity = activity.clone();
+        let in_progress = activity.begin();
         let mut router = router.clone();
         async move {
             let response = router.call(request.map(Body::new)).await?;
-            Ok(response.map(|body| {
-                Body::new(ObservedBody::new(body, None, move |_| {
-                    activity.in_progress.fetch_sub(1, Ordering::Relaxed);
-                }))
-            }))
+            Ok(response
+                .map(|body| Body::new(ObservedBody::new(body, None, move |_| drop(in_progress)))))
         }
     })
 }
 
-/// A client connection that is closed when it has nothing in progress and no bytes move: the
-/// first request's headers must begin arriving within `header_read` of the connection's start
-/// (hyper then bounds the rest of them), later ones within `idle` of the last byte either way.
+/// A client connection that is closed when it has nothing in progress for too long: its first
+/// request's headers must be complete within `header_read` of the connection's start, and a
+/// later request must begin within `idle` of the end of the last one. Bytes alone (an HTTP/2
+/// ping, a slow header) never extend it.
 struct Watched {
     io: TcpStream,
     activity: Arc<Activity>,
     limits: ClientLimits,
-    last_io: Instant,
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -174,22 +233,19 @@ impl Watched {
             io,
             activity,
             limits,
-            last_io: Instant::now(),
             timer: None,
         }
     }
 
-    /// When the connection counts as abandoned, if nothing is in progress.
+    /// When the connection counts as abandoned (nothing is in progress).
     fn deadline(&self) -> Option<Instant> {
-        if self.activity.in_progress.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
-        let wait = if self.activity.begun.load(Ordering::Relaxed) == 0 {
+        let wait = if self.activity.begun.load(Ordering::SeqCst) == 0 {
             self.limits.header_read
         } else {
             self.limits.idle
         };
-        Some(self.last_io + wait)
+        let since = self.activity.idle_since.lock().map(|s| *s).ok()?;
+        Some(since + wait)
     }
 }
 
@@ -200,33 +256,33 @@ impl AsyncRead for Watched {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                if buf.filled().len() > before {
-                    this.last_io = Instant::now();
-                }
-                this.timer = None;
-                Poll::Ready(result)
+        if let Poll::Ready(result) = Pin::new(&mut this.io).poll_read(cx, buf) {
+            return Poll::Ready(result);
+        }
+        if this.activity.in_progress.load(Ordering::SeqCst) > 0 {
+            // Woken when the last request in progress ends, to start the idle timer.
+            if let Ok(mut reader) = this.activity.reader.lock() {
+                *reader = Some(cx.waker().clone());
             }
-            Poll::Pending => {
-                let Some(deadline) = this.deadline() else {
-                    this.timer = None;
-                    return Poll::Pending;
-                };
-                let timer = this
-                    .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                if timer.deadline() != deadline {
-                    timer.as_mut().reset(deadline);
-                }
-                ready!(timer.as_mut().poll(cx));
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "client idle past the timeout",
-                )))
+            if this.activity.in_progress.load(Ordering::SeqCst) > 0 {
+                this.timer = None;
+                return Poll::Pending;
             }
         }
+        let Some(deadline) = this.deadline() else {
+            return Poll::Pending;
+        };
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client idle past the timeout",
+        )))
     }
 }
 
@@ -236,12 +292,7 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = ready!(Pin::new(&mut this.io).poll_write(cx, data));
-        if written.as_ref().is_ok_and(|n| *n > 0) {
-            this.last_io = Instant::now();
-        }
-        Poll::Ready(written)
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -257,12 +308,7 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs));
-        if written.as_ref().is_ok_and(|n| *n > 0) {
-            this.last_io = Instant::now();
-        }
-        Poll::Ready(written)
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

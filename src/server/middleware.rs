@@ -173,6 +173,13 @@ async fn admit(
     let deadline = Instant::now() + server.body_read_timeout;
     let body = ObservedBody::new(body, Some(deadline), |_| {});
     let body = if matches!(route, "chat_completions" | "explain") {
+        let _reading = tokio::time::timeout(
+            server.queue_timeout,
+            state.body_readers.clone().acquire_owned(),
+        )
+        .await
+        .map_err(|_| ProxyError::Overloaded)?
+        .map_err(|_| ProxyError::ShuttingDown)?;
         Body::from(read_body(Body::new(body), &parts.headers, server.max_body_bytes).await?)
     } else {
         Body::new(body)

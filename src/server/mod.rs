@@ -54,10 +54,17 @@ pub struct AppState {
     /// `[record]`: sampled exchanges to the recording file.
     pub recorder: Recorder,
     limiter: Arc<Semaphore>,
+    /// Chat bodies being read before a slot is taken (bounds the memory they hold).
+    body_readers: Arc<Semaphore>,
     shutting_down: AtomicBool,
 }
 
 pub type SharedState = Arc<AppState>;
+
+/// Chat bodies read at once per concurrency slot: reading happens before a slot is taken (a
+/// slow client never holds one), and this keeps the memory those bodies hold bounded
+/// (`concurrency_limit` × this × `max_body_bytes`).
+const BODY_READERS_PER_SLOT: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -86,6 +93,9 @@ impl AppState {
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(&config),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
+            body_readers: Arc::new(Semaphore::new(
+                config.server.concurrency_limit * BODY_READERS_PER_SLOT,
+            )),
             config: Arc::new(config),
             upstreams,
             metrics,
@@ -224,23 +234,13 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
-        Err(e) if is_deadline(&*e) => Err(ProxyError::BodyTimeout),
+        Err(e) if crate::upstream::find_source::<crate::body::DeadlineExceeded>(&*e).is_some() => {
+            Err(ProxyError::BodyTimeout)
+        }
         Err(e) => Err(ProxyError::InvalidBody(format!(
             "cannot read the body: {e}"
         ))),
     }
-}
-
-/// Whether `error`, or an error it wraps, is a body's deadline.
-fn is_deadline(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if e.is::<crate::body::DeadlineExceeded>() {
-            return true;
-        }
-        current = e.source();
-    }
-    false
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

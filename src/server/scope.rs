@@ -1,8 +1,9 @@
 //! Who may share a cached answer or a conversation's state: the caller's scope. A cached
 //! answer goes only to a caller who could have got it from the upstream.
 //!
-//! With auth on, the tenant. With auth off (the default), a digest of the credential the client
-//! sends upstream (`Authorization`, `api-key`, `x-api-key`), so a caller without a key, or with
+//! With auth on, the tenant (and the `api-key` / `x-api-key` a client sends upstream). With
+//! auth off (the default), a digest of the credential the client sends upstream
+//! (`Authorization`, `api-key`, `x-api-key`), so a caller without a key, or with
 //! another key, never gets an answer paid for by someone else. Either way, the query string and
 //! the routing headers that go upstream (`OpenAI-Organization`, `OpenAI-Project`, and
 //! `[cache] key_headers`) are part of it.
@@ -14,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::auth::Tenant;
 use crate::config::Config;
 
-/// Headers that carry the client's credential to the upstream.
+/// Headers that carry the client's credential to the upstream (`authorization` first).
 const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
 /// Headers that route a request to an account upstream.
 const ROUTING_HEADERS: [&str; 2] = ["openai-organization", "openai-project"];
@@ -30,10 +31,11 @@ pub fn of(config: &Config, tenant: &Tenant, parts: &Parts) -> String {
         }
     };
     let mut split = false;
-    if !config.auth_enabled() {
-        for name in CREDENTIAL_HEADERS {
-            split |= add_header(&parts.headers, name, &mut field);
-        }
+    // With auth on, `Authorization` is the proxy's key (never forwarded); the others still go
+    // upstream and decide what the upstream answers.
+    let skip = usize::from(config.auth_enabled());
+    for name in &CREDENTIAL_HEADERS[skip..] {
+        split |= add_header(&parts.headers, name, &mut field);
     }
     if let Some(query) = parts.uri.query().filter(|q| !q.is_empty()) {
         field("?", query.as_bytes());
@@ -171,5 +173,14 @@ mod auth_on {
             .into_parts()
             .0;
         assert_eq!(of(&config, &tenant, &parts), "acme");
+        // An Azure-style key still goes upstream: it splits the scope.
+        let azure = Request::builder()
+            .header("authorization", "Bearer sk-acme")
+            .header("api-key", "azure-1")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_ne!(of(&config, &tenant, &azure), "acme");
     }
 }

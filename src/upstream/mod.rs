@@ -163,6 +163,10 @@ impl Upstream {
                         // The caller knows the limit it set on the streamed body.
                         return Err(ProxyError::BodyTooLarge { limit: 0 });
                     }
+                    // The client's streamed body took longer than `body_read_timeout_ms`.
+                    if find_source::<crate::body::DeadlineExceeded>(&e).is_some() {
+                        return Err(ProxyError::BodyTimeout);
+                    }
                     let connect = e.is_connect();
                     self.count_error(metrics, if connect { "connect" } else { "request" });
                     if connect && is_timeout(&e) {
@@ -246,7 +250,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The first error of type `T` in `e`'s source chain.
-fn find_source<'a, T: std::error::Error + 'static>(
+pub(crate) fn find_source<'a, T: std::error::Error + 'static>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a T> {
     let mut source = Some(e);
