@@ -255,6 +255,12 @@ fn main() -> ExitCode {
                     .map(std::io::BufReader::new)
                     .map_err(|e| eprintln!("cannot read {}: {e}", file.display()))
             };
+            // FILE.meta.jsonl beside a file: the recorded answers and conversations.
+            let open_meta = |file: &PathBuf| {
+                std::fs::File::open(file.with_extension("meta.jsonl"))
+                    .ok()
+                    .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>)
+            };
             if pairs {
                 for file in &files {
                     let Ok(reader) = open(file) else {
@@ -278,12 +284,9 @@ fn main() -> ExitCode {
                     let Ok(reader) = open(file) else {
                         return ExitCode::FAILURE;
                     };
-                    let meta = std::fs::File::open(file.with_extension("meta.jsonl"))
-                        .ok()
-                        .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
                     match ctxproxy::analyze::cost::cost(
                         reader,
-                        meta,
+                        open_meta(file),
                         &loaded,
                         &tokenizers,
                         &cached_ratio,
@@ -309,11 +312,7 @@ fn main() -> ExitCode {
                 let Ok(reader) = open(file) else {
                     return ExitCode::FAILURE;
                 };
-                // The recording's meta file (FILE.meta.jsonl) gives the recorded answers.
-                let meta = std::fs::File::open(file.with_extension("meta.jsonl"))
-                    .ok()
-                    .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>);
-                match ctxproxy::analyze::analyze(reader, meta, &loaded, &tokenizers) {
+                match ctxproxy::analyze::analyze(reader, open_meta(file), &loaded, &tokenizers) {
                     Ok(analysis) => analyses.push((file.display().to_string(), analysis)),
                     Err(e) => {
                         eprintln!("cannot read {}: {e}", file.display());
