@@ -83,7 +83,8 @@ fn an_autonomous_loop_keeps_its_latest_steps_and_the_ids_of_the_older_ones() {
         }
         // The late call reuses an id found only in the third result: still there.
         assert!(text.contains("TKT-00201"), "budget {budget}");
-        // Every older result is a stub that names its call.
+        // The older results are stubs that name their call, but for the latest few, which
+        // wait for a whole batch of `clear_at_least_tokens` (they are sent compacted).
         let stubs = sent
             .iter()
             .filter(|m| m.role == Role::Tool)
@@ -93,7 +94,10 @@ fn an_autonomous_loop_keeps_its_latest_steps_and_the_ids_of_the_older_ones() {
                     .is_some_and(|c| c.text().starts_with("[search_tickets("))
             })
             .count();
-        assert_eq!(stubs, 60 - 4, "budget {budget}");
+        assert!(
+            (60 - 4 - 3..=60 - 4).contains(&stubs),
+            "budget {budget}: {stubs}"
+        );
         if budget < 4_000 {
             let over = rewrite.report.over_budget.expect("the floor is over");
             assert_eq!(over.tokens_over, rewrite.report.tokens_after - budget);

@@ -44,6 +44,13 @@ impl Stage for CompactStage {
         // The working set is never cleared; the rest is, but for the latest results.
         let working_set = WorkingSet::of(&request.messages, cx.config.window.recent_tool_steps);
         let keep_from = results.len().saturating_sub(cx.params.keep_recent_results);
+        let clear = cleared_in_batches(
+            &request.messages,
+            &results[..keep_from],
+            &working_set,
+            cx.config.compact.clear_at_least_tokens,
+            cx,
+        );
         let (mut cleared, mut json_compacted, mut text_compacted) = (0, 0, 0);
         // Copied on the first change.
         let mut messages: Option<Vec<Message>> = None;
@@ -58,7 +65,7 @@ impl Stage for CompactStage {
                 continue;
             };
             let protected = working_set.contains(index);
-            if n < keep_from && !protected {
+            if n < keep_from && !protected && clear.contains(&index) {
                 let max_tokens = cx.config.compact.stub_max_tokens;
                 let stub = cx.memo.text(stub_key(call, &text, max_tokens, cx), || {
                     stub(call, &text, max_tokens, cx.counter)
@@ -131,6 +138,45 @@ fn call_of(messages: &[Message], index: usize) -> Option<&ToolCall> {
         .iter()
         .rev()
         .find_map(|m| m.tool_calls().iter().find(|c| &c.id == id))
+}
+
+/// The results old enough to clear that are cleared now: in order, as many as fit in the
+/// largest multiple of `batch` tokens that they reach together. A new old result changes the
+/// cleared set only once `batch` more tokens have gathered, so the prompt sent before stays the
+/// same, byte for byte, between batches.
+fn cleared_in_batches(
+    messages: &[Message],
+    old: &[usize],
+    working_set: &WorkingSet,
+    batch: usize,
+    cx: &StageCx<'_>,
+) -> HashSet<usize> {
+    let eligible: Vec<(usize, usize)> = old
+        .iter()
+        .filter(|&&i| !working_set.contains(i))
+        .map(|&i| {
+            let text = messages[i]
+                .content
+                .get()
+                .map(|c| c.text())
+                .unwrap_or_default();
+            (i, cx.counter.text(&text))
+        })
+        .collect();
+    if batch == 0 {
+        return eligible.into_iter().map(|(i, _)| i).collect();
+    }
+    let total: usize = eligible.iter().map(|(_, t)| t).sum();
+    let allowed = total / batch * batch;
+    let mut sum = 0;
+    eligible
+        .into_iter()
+        .take_while(|(_, tokens)| {
+            sum += tokens;
+            sum <= allowed
+        })
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// Seed of the memo keys of stubs.
@@ -632,8 +678,14 @@ mod working_set_tests {
     use crate::pipeline::{Params, PipelineConfig};
     use crate::tokens::Encoding;
 
+    /// Compaction with each old result cleared as soon as it is old enough.
     fn run(request: &ChatRequest) -> Option<Vec<Message>> {
-        let config = PipelineConfig::default();
+        run_batched(request, 0)
+    }
+
+    fn run_batched(request: &ChatRequest, batch: usize) -> Option<Vec<Message>> {
+        let mut config = PipelineConfig::default();
+        config.compact.clear_at_least_tokens = batch;
         let params = Params::from_config(&config);
         let counter = TokenCounter::new(Encoding::O200kBase);
         let cx = StageCx {
@@ -673,8 +725,7 @@ mod working_set_tests {
         assert!(run(&request).is_none());
     }
 
-    #[test]
-    fn older_steps_of_a_long_loop_become_stubs_with_their_identifiers() {
+    fn long_loop() -> ChatRequest {
         let mut messages = vec![json!({"role": "user", "content": "Check every city"})];
         let cities = ["Rome", "Oslo", "Lima", "Kyiv", "Baku", "Doha", "Riga"];
         for (i, city) in cities.iter().enumerate() {
@@ -684,8 +735,37 @@ mod working_set_tests {
                 json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result(city)}),
             );
         }
-        let request: ChatRequest =
-            serde_json::from_value(json!({"model": "m", "messages": messages})).unwrap();
+        serde_json::from_value(json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    #[test]
+    fn old_results_are_cleared_in_batches_of_clear_at_least_tokens() {
+        let request = long_loop();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let tokens = |i: usize| counter.text(&request.messages[i].content.get().unwrap().text());
+        let cleared = |out: Option<Vec<Message>>| -> Vec<usize> {
+            let out = out.unwrap_or_else(|| request.messages.clone());
+            (0..out.len())
+                .filter(|&i| out[i] != request.messages[i])
+                .collect()
+        };
+        // The three old results (2, 4, 6) hold fewer tokens than a batch: none is cleared yet.
+        let three = tokens(2) + tokens(4) + tokens(6);
+        assert_eq!(
+            cleared(run_batched(&request, three + 1)),
+            Vec::<usize>::new()
+        );
+        // A batch the size of two of them: the oldest two go, the third waits.
+        assert_eq!(
+            cleared(run_batched(&request, tokens(2) + tokens(4))),
+            vec![2, 4]
+        );
+        assert_eq!(cleared(run_batched(&request, 1)), vec![2, 4, 6]);
+    }
+
+    #[test]
+    fn older_steps_of_a_long_loop_become_stubs_with_their_identifiers() {
+        let request = long_loop();
         let out = run(&request).expect("older results cleared");
         let text = |i: usize| out[i].content.get().unwrap().text().into_owned();
         // Results of the first three calls are stubs; the last four are the working set.

@@ -214,6 +214,10 @@ pub struct CompactConfig {
     pub keep_recent_results: usize,
     /// Cap of such a stub.
     pub stub_max_tokens: usize,
+    /// Older results are cleared in batches of at least this many tokens, so that the prompt's
+    /// already-sent start changes only when it pays (the provider's prompt cache); 0 clears
+    /// each result as soon as it is old enough.
+    pub clear_at_least_tokens: usize,
     /// Prose strings longer than this are shortened (identifiers never are).
     pub max_string_chars: usize,
     /// Fields kept from JSON objects when they have any of them.
@@ -255,6 +259,7 @@ impl Default for CompactConfig {
             tool_result_max_tokens: 1000,
             keep_recent_results: 2,
             stub_max_tokens: 200,
+            clear_at_least_tokens: 2000,
             max_string_chars: 300,
             keep_fields: keep.iter().map(|s| (*s).to_owned()).collect(),
             tool_fields: std::collections::BTreeMap::new(),
