@@ -49,13 +49,7 @@ impl Memo {
 
     /// A derived value of any type for `key` (its seed names the type), made on a miss.
     pub fn value<T: Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> T) -> Arc<T> {
-        let hit = self
-            .values
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-            .and_then(|v| v.downcast::<T>().ok());
-        if let Some(hit) = hit {
+        if let Some(hit) = self.peek(key) {
             return hit;
         }
         let value = Arc::new(make());
@@ -66,6 +60,15 @@ impl Memo {
             entries.insert(key, value.clone());
         }
         value
+    }
+
+    /// The value of type `T` for `key`, if it was made.
+    pub fn peek<T: Any + Send + Sync>(&self, key: u64) -> Option<Arc<T>> {
+        self.values
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+            .and_then(|v| v.downcast::<T>().ok())
     }
 
     /// The catalog for `key`, built by `make` on a miss.

@@ -351,8 +351,10 @@ fn matched_of(
         .collect()
 }
 
-/// Seed of the memo keys of one user turn's matched categories.
+/// Seed of the memo keys of one user turn's matched categories, and what turns them into the
+/// keys of the union of every turn's up to it.
 const TURN_SEED: u64 = 0x7475_726e_0000_0001;
+const UNION_SEED: u64 = 0x756e_696f_6e00_0001;
 
 /// The categories earlier user turns of `messages` matched (each scored as it was then, with
 /// its own context), and those of every tool the conversation called; each turn is scored once
@@ -365,29 +367,44 @@ fn earlier_turn_categories(
 ) -> BTreeSet<String> {
     use std::hash::{BuildHasher, Hash, Hasher};
     let current = current_turn_start(messages);
-    let mut found = BTreeSet::new();
+    let mut called = BTreeSet::new();
     let mut hasher = foldhash::quality::FixedState::with_seed(TURN_SEED).build_hasher();
     catalog.key.hash(&mut hasher);
     (config.min_score.to_bits(), config.context_weight.to_bits()).hash(&mut hasher);
     (config.context_turns, config.context_chars).hash(&mut hasher);
+    // Each earlier user turn, with a key for the conversation up to it.
+    let mut turns: Vec<(usize, u64)> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
         crate::tokens::hash_message(message, &mut hasher);
         for call in message.tool_calls() {
-            found.extend(
+            called.extend(
                 catalog
                     .categories_of(&call.function.name)
                     .map(str::to_owned),
             );
         }
-        if index >= current || message.role != Role::User {
-            continue;
+        if index < current && message.role == Role::User {
+            turns.push((index, hasher.clone().finish()));
         }
-        let key = hasher.clone().finish();
+    }
+    // The union up to a turn is memoized too: a conversation's next request starts from the
+    // previous one's and scores only its new turn.
+    let union_key = |key: u64| key ^ UNION_SEED;
+    let resume = turns
+        .iter()
+        .rposition(|&(_, key)| memo.peek::<BTreeSet<String>>(union_key(key)).is_some());
+    let mut found: BTreeSet<String> = resume
+        .and_then(|k| memo.peek::<BTreeSet<String>>(union_key(turns[k].1)))
+        .map(|union| (*union).clone())
+        .unwrap_or_default();
+    for &(index, key) in &turns[resume.map_or(0, |k| k + 1)..] {
         let matched = memo.value(key, || {
             matched_of(&turn_scores(catalog, &messages[..=index], config), config)
         });
         found.extend(matched.iter().cloned());
+        memo.value(union_key(key), || found.clone());
     }
+    found.extend(called);
     found
 }
 
