@@ -77,17 +77,6 @@ pub struct ToolMiss {
     pub classifier: Value,
 }
 
-fn last_user_text(request: &ChatRequest) -> String {
-    request
-        .messages
-        .iter()
-        .rev()
-        .find(|m| m.role == Role::User)
-        .and_then(|m| m.content.get())
-        .map(|c| c.text().chars().take(200).collect())
-        .unwrap_or_default()
-}
-
 #[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
 pub struct Percentiles {
     pub p50: f64,
@@ -247,7 +236,7 @@ pub fn analyze(
                         .filter(|c| !sent.contains(&c.as_str()))
                         .cloned()
                         .collect(),
-                    last_user_message: last_user_text(&request),
+                    last_user_message: request.last_user_text().chars().take(200).collect(),
                     classifier: report
                         .stages
                         .iter()

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::config::{Accept, CacheConfig};
 use super::time_words::is_time_dependent;
-use crate::openai::{ChatRequest, Role};
+use crate::openai::ChatRequest;
 
 /// Fields never part of the key: they change how an answer is delivered, not the answer.
 pub const IGNORED_FIELDS: &[&str] = &["stream", "stream_options", "user"];
@@ -39,17 +39,6 @@ fn cache_control(headers: &HeaderMap) -> (bool, bool) {
     (has("no-cache"), has("no-store"))
 }
 
-fn last_user_text(request: &ChatRequest) -> String {
-    request
-        .messages
-        .iter()
-        .rev()
-        .find(|m| m.role == Role::User)
-        .and_then(|m| m.content.get())
-        .map(|c| c.text().into_owned())
-        .unwrap_or_default()
-}
-
 pub fn decide(request: &ChatRequest, headers: &HeaderMap, config: &CacheConfig) -> Decision {
     if !config.deterministic.enabled {
         return Decision::Bypass("disabled");
@@ -72,7 +61,7 @@ pub fn decide(request: &ChatRequest, headers: &HeaderMap, config: &CacheConfig) 
     if number("n").is_some_and(|n| n != 1.0) {
         return Decision::Bypass("n");
     }
-    if is_time_dependent(&last_user_text(request), &config.time_words) {
+    if is_time_dependent(&request.last_user_text(), &config.time_words) {
         return Decision::Bypass("time_dependent");
     }
     if no_cache {

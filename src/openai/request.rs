@@ -52,6 +52,17 @@ impl ChatRequest {
         Ok(chat)
     }
 
+    /// The text of the last user message ("" when there is none).
+    pub fn last_user_text(&self) -> String {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User)
+            .and_then(|m| m.content.get())
+            .map(|c| c.text().into_owned())
+            .unwrap_or_default()
+    }
+
     pub fn is_stream(&self) -> bool {
         self.stream.get().copied().unwrap_or(false)
     }
