@@ -22,6 +22,7 @@ fn rewrite(request: &ChatRequest, config: &PipelineConfig, caches: &(TokenCounte
             budget: config.budget.max_tokens,
             sticky_categories: &[],
             reinforcement: None,
+            remembered: None,
         },
     );
     std::hint::black_box(rewrite);

@@ -1,6 +1,10 @@
 //! Golden tests: each fixture in tests/fixtures/pipeline/ runs through the whole pipeline and
 //! the rewritten request with the stage reports is compared with its reviewed snapshot in
 //! tests/snapshots/. Review changes with `cargo insta review` (never accept blindly).
+//!
+//! The stage goldens rewrite each request whole (`clear_at_least_tokens = 0`); the `prefix_*`
+//! goldens run the default config, where a request's rewrite is the conversation's last whole
+//! rewrite with the later messages appended unless rebuilding pays (`pipeline/prefix.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ctxproxy::openai::ChatRequest;
@@ -8,7 +12,7 @@ use ctxproxy::pipeline::{self, Memo, PipelineConfig};
 use ctxproxy::tokens::{Encoding, TokenCounter};
 use serde_json::{Value, json};
 
-fn rewrite(name: &str) -> Value {
+fn rewrite(name: &str, config: &PipelineConfig) -> Value {
     let path = format!(
         "{}/tests/fixtures/pipeline/{name}.json",
         env!("CARGO_MANIFEST_DIR")
@@ -20,22 +24,40 @@ fn rewrite(name: &str) -> Value {
     let rewrite = pipeline::run(
         &request,
         &pipeline::Env {
-            config: &PipelineConfig::default(),
+            config,
             counter: &counter,
             memo: &Memo::default(),
             budget,
             sticky_categories: &[],
             reinforcement: None,
+            remembered: None,
         },
     );
     json!({"report": rewrite.report, "request": rewrite.request})
+}
+
+fn whole() -> PipelineConfig {
+    PipelineConfig {
+        clear_at_least_tokens: 0,
+        ..PipelineConfig::default()
+    }
 }
 
 macro_rules! golden {
     ($($name:ident),* $(,)?) => {$(
         #[test]
         fn $name() {
-            insta::assert_json_snapshot!(stringify!($name), rewrite(stringify!($name)));
+            insta::assert_json_snapshot!(stringify!($name), rewrite(stringify!($name), &whole()));
+        }
+    )*};
+}
+
+macro_rules! prefix_golden {
+    ($($name:ident: $fixture:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let config = PipelineConfig::default();
+            insta::assert_json_snapshot!(stringify!($name), rewrite(stringify!($fixture), &config));
         }
     )*};
 }
@@ -48,4 +70,10 @@ golden!(
     topic_shift,
     budget_ladder,
     agent_proposal_ledger,
+);
+
+prefix_golden!(
+    prefix_long_chat_appended: long_chat_with_facts,
+    prefix_agent_appended: agent_proposal_ledger,
+    prefix_over_budget_rebuilt: budget_ladder,
 );

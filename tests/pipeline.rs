@@ -63,7 +63,12 @@ async fn optimize_sends_the_rewritten_request_and_reports_counts() {
         .iter()
         .map(|s| s["stage"].as_str().unwrap())
         .collect();
-    assert_eq!(stages, vec!["system", "window", "tools", "compact"]);
+    // The history shows earlier requests: the last rewrite rebuilt whole is appended to.
+    assert_eq!(
+        stages,
+        vec!["system", "window", "tools", "compact", "append"]
+    );
+    assert!(explained["prefix"]["appended_messages"].as_u64().unwrap() > 0);
 
     let messages = sent["messages"].as_array().unwrap();
     // One system message, first, with the client's text verbatim at its start.

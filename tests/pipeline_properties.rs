@@ -191,6 +191,7 @@ fn env<'a>(
         budget,
         sticky_categories: &[],
         reinforcement: None,
+        remembered: None,
     }
 }
 
@@ -276,5 +277,63 @@ proptest! {
                 prop_assert!(sent_text.contains(&id), "identifier {} of a tool result lost", id);
             }
         }
+    }
+}
+
+/// The requests a client sent to reach `request`, in order: before each assistant message that
+/// follows a user turn (and no other assistant message), and `request` itself.
+fn earlier_requests(request: &ChatRequest) -> Vec<ChatRequest> {
+    let messages = &request.messages;
+    let mut lens = Vec::new();
+    let mut seen_user = false;
+    for (i, m) in messages.iter().enumerate() {
+        if seen_user
+            && i > 0
+            && m.role == Role::Assistant
+            && messages[i - 1].role != Role::Assistant
+        {
+            lens.push(i);
+        }
+        seen_user |= m.role == Role::User;
+    }
+    lens.push(messages.len());
+    lens.into_iter()
+        .map(|len| {
+            let mut earlier = request.clone();
+            earlier.messages.truncate(len);
+            earlier
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Prefix stability: replayed request by request, each rewrite is the previous one, byte for
+    /// byte (same tools, its messages first), followed by the new messages, except where the
+    /// report says it was rebuilt; every one is valid; and the last comes out the same without
+    /// the memo (from the history alone).
+    #[test]
+    fn each_rewrite_extends_the_previous_one_except_at_recompactions(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = pipeline::Memo::default();
+        let config = PipelineConfig::default();
+        let env = env(&config, &counter, &memo, budget);
+        let mut previous: Option<ChatRequest> = None;
+        for earlier in earlier_requests(&request) {
+            let rewrite = pipeline::run(&earlier, &env);
+            assert_valid(&rewrite.request);
+            let prefix = rewrite.report.prefix.clone().expect("a prefix report");
+            if let (None, Some(before)) = (prefix.rebuilt, &previous) {
+                prop_assert_eq!(&rewrite.request.tools, &before.tools);
+                prop_assert!(rewrite.request.messages.starts_with(&before.messages), "not appended");
+                prop_assert_eq!(prefix.appended_messages, earlier.messages.len() - prefix.anchor_messages);
+            }
+            prop_assert!(previous.is_some() || prefix.rebuilt == Some(pipeline::Rebuilt::First));
+            previous = Some(rewrite.request);
+        }
+        let cold_memo = pipeline::Memo::default();
+        let cold = pipeline::run(&request, &pipeline::Env { memo: &cold_memo, ..env });
+        prop_assert_eq!(Some(cold.request), previous);
     }
 }

@@ -22,6 +22,7 @@ fn run(request: &ChatRequest, budget: usize) -> Rewrite {
             budget,
             sticky_categories: &[],
             reinforcement: None,
+            remembered: None,
         },
     )
 }

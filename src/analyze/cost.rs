@@ -245,6 +245,7 @@ pub fn cost(
             budget: config.pipeline.budget.max_tokens,
             sticky_categories: &sticky,
             reinforcement: None,
+            remembered: None,
         };
         let rewrite = pipeline::run(&request, &env);
         if !rewrite.report.fits {

@@ -187,6 +187,7 @@ pub fn analyze(
             budget: config.pipeline.budget.max_tokens,
             sticky_categories: &sticky,
             reinforcement: None,
+            remembered: None,
         };
         let rewrite = pipeline::run(&request, &env);
         micros.push(started.elapsed().as_secs_f64() * 1e6);
@@ -407,6 +408,7 @@ pub fn growth(config: &Config, tokenizers: &Tokenizers, lengths: &[usize]) -> Ve
                 budget: config.pipeline.budget.max_tokens,
                 sticky_categories: &[],
                 reinforcement: None,
+                remembered: None,
             },
         );
         let pipeline_micros = started.elapsed().as_secs_f64() * 1e6;

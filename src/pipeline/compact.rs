@@ -65,7 +65,17 @@ impl Stage for CompactStage {
                 continue;
             };
             let protected = working_set.contains(index);
-            if n < keep_from && !protected && clear.contains(&index) {
+            if protected {
+                if let Some((compacted, form)) = working_set_result(&text, cx.config, cx.counter) {
+                    match form {
+                        Form::Json => json_compacted += 1,
+                        Form::Text => text_compacted += 1,
+                    }
+                    replace(index, compacted);
+                }
+                continue;
+            }
+            if n < keep_from && clear.contains(&index) {
                 let max_tokens = cx.config.compact.stub_max_tokens;
                 let stub = cx.memo.text(stub_key(call, &text, max_tokens, cx), || {
                     stub(call, &text, max_tokens, cx.counter)
@@ -76,11 +86,7 @@ impl Stage for CompactStage {
                 }
                 continue;
             }
-            let max_tokens = if protected {
-                cx.config.compact.tool_result_max_tokens
-            } else {
-                cx.params.tool_result_max_tokens
-            };
+            let max_tokens = cx.params.tool_result_max_tokens;
             if cx.counter.text(&text) <= max_tokens {
                 continue;
             }
@@ -97,18 +103,9 @@ impl Stage for CompactStage {
                 keep.extend(extra.iter().map(String::as_str));
             }
             let compacted = match parse_json(&text) {
-                Some(value) if protected => {
-                    json_compacted += 1;
-                    let rules = Rules::lossless(cx.config.compact.max_string_chars);
-                    serde_json::to_string(&compact_value(&value, &rules)).unwrap_or_default()
-                }
                 Some(value) => {
                     json_compacted += 1;
                     compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
-                }
-                None if protected => {
-                    text_compacted += 1;
-                    compact_text(&text, max_tokens, usize::MAX, cx.counter)
                 }
                 None => {
                     text_compacted += 1;
@@ -125,6 +122,57 @@ impl Stage for CompactStage {
             details: json!({"cleared": cleared, "json_compacted": json_compacted, "text_compacted": text_compacted}),
         }
     }
+}
+
+/// What a compacted result was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    Json,
+    Text,
+}
+
+/// A tool result as the working set keeps it, and as a message appended between
+/// recompactions is sent (`prefix.rs`): whole, or, over `tool_result_max_tokens`, compacted
+/// without losing a field or an identifier (only nulls, empty values and long prose go).
+/// `None` when it is sent as it is.
+pub(super) fn working_set_result(
+    text: &str,
+    config: &super::PipelineConfig,
+    counter: &TokenCounter,
+) -> Option<(String, Form)> {
+    let max_tokens = config.compact.tool_result_max_tokens;
+    if counter.text(text) <= max_tokens {
+        return None;
+    }
+    let (compacted, form) = match parse_json(text) {
+        Some(value) => {
+            let rules = Rules::lossless(config.compact.max_string_chars);
+            let json = serde_json::to_string(&compact_value(&value, &rules)).unwrap_or_default();
+            (json, Form::Json)
+        }
+        None => (
+            compact_text(text, max_tokens, usize::MAX, counter),
+            Form::Text,
+        ),
+    };
+    (!compacted.is_empty() && compacted.len() < text.len()).then_some((compacted, form))
+}
+
+/// A message as it is appended between recompactions: a tool result in its working-set form,
+/// anything else as the client sent it.
+pub(super) fn appended(
+    message: &Message,
+    config: &super::PipelineConfig,
+    counter: &TokenCounter,
+) -> Option<Message> {
+    if !config.compact.enabled || !matches!(message.role, Role::Tool | Role::Function) {
+        return None;
+    }
+    let text = message.content.get().map(|c| c.text())?;
+    let (compacted, _) = working_set_result(&text, config, counter)?;
+    let mut message = message.clone();
+    set_text(&mut message, compacted);
+    Some(message)
 }
 
 fn set_text(message: &mut Message, text: String) {

@@ -37,6 +37,13 @@ impl Mode {
 #[serde(default, deny_unknown_fields)]
 pub struct PipelineConfig {
     pub mode: Mode,
+    /// A conversation's rewrite changes what was already sent (window moved, results cleared,
+    /// summary rebuilt) only when that removes at least this many tokens; between such
+    /// recompactions new messages are appended after the previous rewrite (`prefix.rs`).
+    /// 0: every request is rewritten whole.
+    pub clear_at_least_tokens: usize,
+    /// How long the store remembers where a conversation's rewrite was last rebuilt.
+    pub prefix_ttl_secs: u64,
     pub system: SystemConfig,
     pub window: WindowConfig,
     pub facts: FactsConfig,
@@ -51,6 +58,8 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             mode: Mode::Optimize,
+            clear_at_least_tokens: 2000,
+            prefix_ttl_secs: 3600,
             system: SystemConfig::default(),
             window: WindowConfig::default(),
             facts: FactsConfig::default(),
@@ -315,6 +324,9 @@ impl PipelineConfig {
                 "window.continuity_low",
                 "must not be greater than window.continuity_high",
             );
+        }
+        if self.prefix_ttl_secs == 0 {
+            return err("prefix_ttl_secs", "must be greater than 0");
         }
         if self.budget.max_tokens == 0 {
             return err("budget.max_tokens", "must be greater than 0");

@@ -4,7 +4,8 @@
 //!
 //! Consecutive requests of a conversation share their older segments and their tools, and the
 //! budget stage reruns the stages several times per request; the memo makes each summary and
-//! each catalog cost once. Like the token-count cache it never changes a result: the key covers
+//! each catalog cost once. It also keeps the rewrites that conversations append to between
+//! recompactions (`prefix.rs`), in a smaller map of their own. Like the token-count cache it never changes a result: the key covers
 //! every input.
 
 use std::any::Any;
@@ -17,6 +18,8 @@ use super::tools::catalog::Catalog;
 const CAPACITY: usize = 50_000;
 /// Tool catalogs kept (one per distinct tool list a deployment's clients send).
 const CATALOG_CAPACITY: usize = 1_024;
+/// Whole rewrites kept (one per conversation between its recompactions; tens of KB each).
+const REWRITE_CAPACITY: usize = 1_024;
 
 #[derive(Default)]
 pub struct Memo {
@@ -25,6 +28,7 @@ pub struct Memo {
     skeletons: Mutex<HashMap<u64, Option<Arc<serde_json::Value>>>>,
     catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
     values: Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>,
+    rewrites: Mutex<HashMap<u64, Arc<super::Rewrite>>>,
 }
 
 impl Memo {
@@ -69,6 +73,11 @@ impl Memo {
             .ok()
             .and_then(|m| m.get(&key).cloned())
             .and_then(|v| v.downcast::<T>().ok())
+    }
+
+    /// The whole rewrite for `key`, made on a miss.
+    pub fn rewrite(&self, key: u64, make: impl FnOnce() -> super::Rewrite) -> Arc<super::Rewrite> {
+        cached(&self.rewrites, REWRITE_CAPACITY, key, || Arc::new(make()))
     }
 
     /// The catalog for `key`, built by `make` on a miss.

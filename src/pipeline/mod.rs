@@ -10,6 +10,7 @@ mod compact;
 pub mod config;
 pub(crate) mod identifiers;
 mod memo;
+pub mod prefix;
 mod reinforcement;
 mod system;
 pub(crate) mod text;
@@ -25,6 +26,7 @@ use serde_json::Value;
 pub use budget::{Floor, OverBudget, OverPart};
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
+pub use prefix::{PrefixReport, PrefixState, Rebuilt};
 
 use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Message, Nullable, Tool};
@@ -52,6 +54,9 @@ pub struct PipelineReport {
     /// When it does not fit: by how much, and which part of the floor is over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub over_budget: Option<OverBudget>,
+    /// How the rewrite relates to the conversation's earlier ones (prefix stability).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixReport>,
 }
 
 impl PipelineReport {
@@ -89,6 +94,8 @@ impl PipelineReport {
 pub struct Rewrite {
     pub request: ChatRequest,
     pub report: PipelineReport,
+    /// What the store should remember of the conversation (prefix stability).
+    pub remember: Option<PrefixState>,
 }
 
 impl Rewrite {
@@ -134,6 +141,7 @@ pub struct StageCx<'a> {
 }
 
 /// What the pipeline runs with, besides the request.
+#[derive(Clone, Copy)]
 pub struct Env<'a> {
     pub config: &'a PipelineConfig,
     pub counter: &'a TokenCounter,
@@ -144,6 +152,9 @@ pub struct Env<'a> {
     /// The route's `[reinforcement]`: a reminder ending the system message of long
     /// conversations.
     pub reinforcement: Option<&'a ReinforcementConfig>,
+    /// Where the conversation's rewrite was last rebuilt, as the store remembers it: a point
+    /// to resume the prefix decisions from (they are the same without it).
+    pub remembered: Option<PrefixState>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description
@@ -188,8 +199,15 @@ fn stages() -> [&'static dyn Stage; 4] {
     ]
 }
 
-/// Runs every enabled stage, then holds the result to `env.budget` tokens.
+/// The rewrite of `request`: rebuilt whole when that pays for the provider's prompt cache it
+/// invalidates, else the conversation's last rewrite with the new messages appended
+/// (`prefix.rs`).
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+    prefix::run(request, env)
+}
+
+/// Runs every enabled stage, then holds the result to `env.budget` tokens.
+fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let (config, counter) = (env.config, env.counter);
     let reminder = env
         .reinforcement
@@ -255,7 +273,9 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             budget,
             fits,
             over_budget,
+            prefix: None,
         },
+        remember: None,
     }
 }
 

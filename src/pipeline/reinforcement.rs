@@ -58,6 +58,7 @@ mod tests {
                 budget,
                 sticky_categories: &[],
                 reinforcement: Some(&reinforcement),
+                remembered: None,
             },
         )
     }

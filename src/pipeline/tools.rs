@@ -518,6 +518,7 @@ mod tests {
                 budget: 1_000_000,
                 sticky_categories: &sticky,
                 reinforcement: None,
+                remembered: None,
             },
         );
         let names = rewrite

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
 use super::guarded::{self, Flags, GuardCall};
 use super::meter::{self, ResponseMeter};
+use super::prefix_state;
 use super::scope;
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
@@ -150,8 +151,13 @@ async fn serve(
         Mode::Off => (bytes, None),
         Mode::Observe | Mode::Optimize => {
             let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
+            let thread = conversation_id(&scope, &parts.headers, &chat);
+            let remembered = prefix_state::load(&state, &thread).await;
             let started = Instant::now();
-            let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
+            let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky, remembered)?;
+            if let Some(prefix) = rewrite.remember.filter(|p| Some(*p) != remembered) {
+                prefix_state::save(&state, &thread, prefix);
+            }
             let report = &rewrite.report;
             if let Some(exchange) = record.as_mut() {
                 exchange.pipeline_ms = Some(started.elapsed().as_secs_f64() * 1e3);
@@ -366,7 +372,10 @@ pub async fn explain(
     let conversation = uses_tool_state(&state, &chat, Mode::Optimize)
         .then(|| conversation_id(&scope, &parts.headers, &chat));
     let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
-    let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky)?;
+    // Explain reads what the store remembers, and writes nothing.
+    let thread = conversation_id(&scope, &parts.headers, &chat);
+    let remembered = prefix_state::load(&state, &thread).await;
+    let rewrite = rewrite(&state, &chat, upstream, &parts.headers, &sticky, remembered)?;
     let sent = if rewrite.changed() {
         serde_json::to_value(&rewrite.request)
     } else {
@@ -381,6 +390,7 @@ pub async fn explain(
         "budget": report.budget,
         "fits": report.fits,
         "over_budget": report.over_budget,
+        "prefix": report.prefix,
         "stages": report.stages,
     })))
 }
@@ -462,6 +472,7 @@ fn rewrite(
     upstream: &Upstream,
     headers: &HeaderMap,
     sticky_categories: &[String],
+    remembered: Option<pipeline::PrefixState>,
 ) -> Result<Rewrite, ProxyError> {
     let config = &state.config.pipeline;
     let budget = budget_of(headers, config.budget.max_tokens)?;
@@ -478,6 +489,7 @@ fn rewrite(
             budget,
             sticky_categories,
             reinforcement: Some(&upstream.config.guards.reinforcement),
+            remembered,
         },
     );
     state

@@ -12,6 +12,7 @@ mod meter;
 mod middleware;
 mod ops;
 mod passthrough;
+mod prefix_state;
 mod scope;
 mod sticky;
 

@@ -1,0 +1,593 @@
+//! Prefix stability (DESIGN principle 4): within a conversation, a rewrite changes what was
+//! already sent only when that pays for the provider's prompt cache it invalidates.
+//!
+//! Every earlier request of a conversation is a *point* of the history the client sends: the
+//! messages before one of its assistant messages. The first point is rewritten whole and
+//! becomes the conversation's anchor. At each later point, the whole rewrite is compared with
+//! the anchor's rewrite followed by the messages sent since (appended: a tool result in its
+//! working-set form, the rest as the client sent it). The whole rewrite becomes the new anchor
+//! (a recompaction) when it is smaller by at least `clear_at_least_tokens`, when it sends other
+//! tools or starts the reminder, or when appending would go over the budget that the whole
+//! rewrite fits; otherwise the appended form is sent, so the prompt sent before is a prefix of
+//! this one, byte for byte.
+//!
+//! The decisions are a function of the history and the request's settings, so any replica
+//! reaches them; each point's decision is memoized, and a state remembered in the store is a
+//! point to resume from. Nothing here does I/O.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use foldhash::quality::FixedState;
+use serde::{Deserialize, Serialize};
+
+use super::{Env, Floor, PipelineReport, Rewrite, StageReport, compact, tools, with_messages};
+use crate::openai::{ChatRequest, Message, Role};
+use crate::tokens::hash_message;
+
+/// What the store remembers of a conversation: as of the request that sent its first `as_of`
+/// messages (whose history and settings hash to `digest`), the rewrite was last rebuilt whole
+/// at its first `anchor` messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixState {
+    pub anchor: usize,
+    pub as_of: usize,
+    pub digest: u64,
+}
+
+/// Why a request's rewrite was rebuilt whole instead of appended to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rebuilt {
+    /// The conversation's first request, as its history shows.
+    First,
+    /// Rewriting whole removes at least `clear_at_least_tokens` more than appending.
+    Pays,
+    /// The tools to send changed (the block grew).
+    ToolsChanged,
+    /// The reinforcement reminder starts.
+    ReminderStarted,
+    /// Appending would go over the budget, and the whole rewrite fits it.
+    Budget,
+}
+
+/// How a request's rewrite relates to the conversation's earlier ones.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixReport {
+    /// The client's messages covered by the rewrite that later ones are appended to.
+    pub anchor_messages: usize,
+    /// Messages appended after it (0 when rebuilt).
+    pub appended_messages: usize,
+    /// Set when this request's rewrite was rebuilt whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebuilt: Option<Rebuilt>,
+    /// Tokens of the whole rewrite: what a recompaction would send now.
+    pub whole_tokens: usize,
+}
+
+/// One request of the conversation: its first `len` messages, and the hash of those and of
+/// the request's settings.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    len: usize,
+    digest: u64,
+}
+
+/// What the decisions read of a whole rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Whole {
+    tokens: usize,
+    tools: u64,
+    reminder: bool,
+    fits: bool,
+}
+
+/// Seeds of the memo keys and digests of this module; bump `VERSION` when the decision rule
+/// changes, so that remembered states of an older rule are not resumed from.
+const VERSION: u64 = 1;
+const SETTINGS_SEED: u64 = 0x7072_6566_6978_0001;
+const STATE_SEED: u64 = 0x7072_6566_6978_0002;
+const WHOLE_SEED: u64 = 0x7072_6566_6978_0003;
+const REWRITE_SEED: u64 = 0x7072_6566_6978_0004;
+const APPENDED_SEED: u64 = 0x7072_6566_6978_0005;
+
+/// The rewrite of `request`: rebuilt whole, or the conversation's last whole rewrite with the
+/// messages since appended (see the module doc).
+pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+    let threshold = env.config.clear_at_least_tokens;
+    if threshold == 0 {
+        return super::whole(request, env);
+    }
+    let points = points(&request.messages, settings(request, env));
+    let current = points.len() - 1;
+    let memo = env.memo;
+
+    // Resume from the latest earlier point whose state is known: memoized here, or remembered.
+    let mut anchor: Option<usize> = None;
+    let mut from = 0;
+    for k in (0..current).rev() {
+        if let Some(known) = memo.peek::<usize>(points[k].digest ^ STATE_SEED) {
+            anchor = Some(*known);
+            from = k + 1;
+            break;
+        }
+        let remembered = env
+            .remembered
+            .filter(|r| r.as_of == points[k].len && r.digest == points[k].digest)
+            .and_then(|r| points[..=k].iter().position(|p| p.len == r.anchor));
+        if let Some(known) = remembered {
+            anchor = Some(known);
+            from = k + 1;
+            break;
+        }
+    }
+
+    // The earlier points since then, each decided as it was when it was the last request.
+    for k in from..current {
+        let whole = whole_at(request, &points, k, env);
+        let decided = match anchor {
+            None => k,
+            Some(a) => match rebuild(request, &points, a, k, whole, env) {
+                Some(_) => k,
+                None => a,
+            },
+        };
+        anchor = Some(decided);
+        memo.value(points[k].digest ^ STATE_SEED, || decided);
+    }
+
+    let whole = super::whole(
+        request,
+        &env_at(request, &points, current, env, &mut Vec::new()),
+    );
+    let summary = summary(&whole);
+    memo.value(points[current].digest ^ WHOLE_SEED, || summary);
+    let rebuilt = match anchor {
+        None => Some(Rebuilt::First),
+        Some(a) => rebuild(request, &points, a, current, summary, env),
+    };
+    let anchor = if rebuilt.is_some() {
+        current
+    } else {
+        anchor.unwrap_or(current)
+    };
+    memo.value(points[current].digest ^ STATE_SEED, || anchor);
+    let remember = Some(PrefixState {
+        anchor: points[anchor].len,
+        as_of: points[current].len,
+        digest: points[current].digest,
+    });
+    let whole_tokens = whole.report.tokens_after;
+    let mut rewrite = if anchor == current {
+        let mut rewrite = whole;
+        // The next request appends to it.
+        memo.rewrite(points[current].digest ^ REWRITE_SEED, || rewrite.clone());
+        rewrite.report.prefix = Some(PrefixReport {
+            anchor_messages: points[current].len,
+            appended_messages: 0,
+            rebuilt,
+            whole_tokens,
+        });
+        rewrite
+    } else {
+        let anchored = rewrite_at(request, &points, anchor, env);
+        let mut rewrite = appended(&anchored, request, points[anchor].len, env);
+        rewrite.report.prefix = Some(PrefixReport {
+            anchor_messages: points[anchor].len,
+            appended_messages: points[current].len - points[anchor].len,
+            rebuilt: None,
+            whole_tokens,
+        });
+        rewrite
+    };
+    rewrite.remember = remember;
+    rewrite
+}
+
+/// Whether the point `k` rebuilds its rewrite whole instead of appending to the anchor `a`'s.
+fn rebuild(
+    request: &ChatRequest,
+    points: &[Point],
+    a: usize,
+    k: usize,
+    whole: Whole,
+    env: &Env<'_>,
+) -> Option<Rebuilt> {
+    let anchored = whole_at(request, points, a, env);
+    if whole.tools != anchored.tools {
+        return Some(Rebuilt::ToolsChanged);
+    }
+    if whole.reminder && !anchored.reminder {
+        return Some(Rebuilt::ReminderStarted);
+    }
+    let appended: usize = request.messages[points[a].len..points[k].len]
+        .iter()
+        .map(|m| appended_tokens(m, env))
+        .sum();
+    let appended = anchored.tokens + appended;
+    if appended >= whole.tokens + env.config.clear_at_least_tokens {
+        return Some(Rebuilt::Pays);
+    }
+    let over = env.config.budget.enabled && appended > env.budget;
+    (over && whole.fits).then_some(Rebuilt::Budget)
+}
+
+/// The requests of a conversation its history shows: before each assistant message that
+/// follows a user turn (and is not a second assistant message in a row), and the request
+/// itself, last.
+fn points(messages: &[Message], settings: u64) -> Vec<Point> {
+    let mut hasher = FixedState::with_seed(settings).build_hasher();
+    let mut points = Vec::new();
+    let mut seen_user = false;
+    for (index, message) in messages.iter().enumerate() {
+        let after_other = index > 0 && messages[index - 1].role != Role::Assistant;
+        if seen_user && after_other && message.role == Role::Assistant {
+            points.push(Point {
+                len: index,
+                digest: hasher.clone().finish(),
+            });
+        }
+        seen_user |= message.role == Role::User;
+        hash_message(message, &mut hasher);
+    }
+    points.push(Point {
+        len: messages.len(),
+        digest: hasher.finish(),
+    });
+    points
+}
+
+/// Everything a rewrite depends on besides the messages: the request's other fields that the
+/// stages read, the encoding, the budget and the pipeline's settings.
+fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
+    let mut hasher = FixedState::with_seed(SETTINGS_SEED).build_hasher();
+    VERSION.hash(&mut hasher);
+    env.counter.encoding().hash(&mut hasher);
+    env.budget.hash(&mut hasher);
+    for part in [
+        serde_json::to_string(env.config),
+        serde_json::to_string(&env.config.tools),
+        serde_json::to_string(&env.reinforcement),
+        serde_json::to_string(&request.tools),
+        serde_json::to_string(&request.tool_choice),
+    ] {
+        part.unwrap_or_default().hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// The request as it was at point `k`.
+fn request_at(request: &ChatRequest, point: Point) -> ChatRequest {
+    with_messages(
+        std::borrow::Cow::Borrowed(request),
+        request.messages[..point.len].to_vec(),
+    )
+}
+
+/// The environment of point `k`: the sticky categories are those its history shows (what a
+/// client sending its whole history carries itself), so every replica decides the same; the
+/// store's only count for a conversation with no earlier point.
+fn env_at<'b>(
+    request: &ChatRequest,
+    points: &[Point],
+    k: usize,
+    env: &Env<'b>,
+    sticky: &'b mut Vec<String>,
+) -> Env<'b> {
+    if points.len() == 1 {
+        return *env;
+    }
+    let truncated = request_at(request, points[k]);
+    *sticky = tools::previous_turn_categories(&truncated, env.config, env.memo);
+    Env {
+        sticky_categories: sticky,
+        ..*env
+    }
+}
+
+/// What the decisions read of the whole rewrite at point `k`, memoized.
+fn whole_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Whole {
+    *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
+        summary(&rewrite_at(request, points, k, env))
+    })
+}
+
+/// The whole rewrite at point `k`, memoized (the rewrite a conversation appends to).
+fn rewrite_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Arc<Rewrite> {
+    env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
+        let truncated = request_at(request, points[k]);
+        let mut sticky = Vec::new();
+        super::whole(&truncated, &env_at(request, points, k, env, &mut sticky))
+    })
+}
+
+fn summary(rewrite: &Rewrite) -> Whole {
+    let tools = serde_json::to_string(&rewrite.request.tools).unwrap_or_default();
+    Whole {
+        tokens: rewrite.report.tokens_after,
+        tools: FixedState::with_seed(WHOLE_SEED).hash_one(tools),
+        reminder: rewrite
+            .report
+            .stages
+            .iter()
+            .any(|s| s.stage == "reinforcement"),
+        fits: rewrite.report.fits,
+    }
+}
+
+/// The tokens of a message as it is appended, memoized by its content.
+fn appended_tokens(message: &Message, env: &Env<'_>) -> usize {
+    let mut hasher = FixedState::with_seed(APPENDED_SEED).build_hasher();
+    env.counter.encoding().hash(&mut hasher);
+    hash_message(message, &mut hasher);
+    *env.memo.value(hasher.finish(), || {
+        compact::appended(message, env.config, env.counter)
+            .map_or_else(|| env.counter.message(message), |m| env.counter.message(&m))
+    })
+}
+
+/// The anchor's rewrite with the request's messages from `from` on appended. Its report
+/// shifts the anchor's stages by the appended messages as sent and adds a stage `append` for
+/// what appending saved, so the stages still sum to the whole saving.
+fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_>) -> Rewrite {
+    let counter = env.counter;
+    let mut sent = anchored.request.clone();
+    let (mut before, mut after, mut compacted) = (0, 0, 0);
+    for message in &request.messages[from..] {
+        before += counter.message(message);
+        let message = match compact::appended(message, env.config, counter) {
+            Some(smaller) => {
+                compacted += 1;
+                smaller
+            }
+            None => message.clone(),
+        };
+        after += counter.message(&message);
+        sent.messages.push(message);
+    }
+    let anchor = &anchored.report;
+    let mut stages: Vec<StageReport> = anchor
+        .stages
+        .iter()
+        .cloned()
+        .map(|mut stage| {
+            stage.tokens_before += before;
+            stage.tokens_after += before;
+            stage
+        })
+        .collect();
+    stages.push(StageReport {
+        stage: "append",
+        tokens_before: anchor.tokens_after + before,
+        tokens_after: anchor.tokens_after + after,
+        applied: compacted > 0,
+        details: serde_json::json!({"appended": request.messages.len() - from, "compacted": compacted}),
+    });
+    let tokens_before = anchor.tokens_before + before;
+    let tokens_after = anchor.tokens_after + after;
+    let budget = anchor.budget;
+    let fits = tokens_after <= budget;
+    let over_budget = if fits || !env.config.budget.enabled {
+        None
+    } else {
+        Floor::of(&sent, env.config.window.recent_tool_steps, counter).over(budget, tokens_after)
+    };
+    Rewrite {
+        request: sent,
+        report: PipelineReport {
+            tokens_before,
+            tokens_after,
+            stages,
+            budget,
+            fits,
+            over_budget,
+            prefix: None,
+        },
+        remember: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Memo, PipelineConfig, run};
+    use crate::synthetic;
+    use crate::tokens::{Encoding, TokenCounter};
+
+    fn env<'a>(
+        config: &'a PipelineConfig,
+        counter: &'a TokenCounter,
+        memo: &'a Memo,
+        remembered: Option<PrefixState>,
+    ) -> Env<'a> {
+        Env {
+            config,
+            counter,
+            memo,
+            budget: 4_000,
+            sticky_categories: &[],
+            reinforcement: None,
+            remembered,
+        }
+    }
+
+    /// The reasons of the rebuilt rewrites of a conversation replayed with `budget`.
+    fn rebuilds(requests: &[ChatRequest], budget: usize) -> Vec<Option<Rebuilt>> {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let env = Env {
+            budget,
+            ..env(&config, &counter, &memo, None)
+        };
+        requests
+            .iter()
+            .map(|r| run(r, &env).report.prefix.and_then(|p| p.rebuilt))
+            .collect()
+    }
+
+    /// The requests of a synthetic conversation, in order, as its client sent them.
+    fn requests(turns: usize) -> Vec<ChatRequest> {
+        let full = synthetic::conversation(turns).unwrap();
+        points(&full.messages, 0)
+            .into_iter()
+            .map(|point| request_at(&full, point))
+            .collect()
+    }
+
+    fn tool_names(request: &ChatRequest) -> Vec<String> {
+        request
+            .tools
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.function.as_ref().map(|f| f.name.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn points_are_the_requests_the_history_shows() {
+        let full = synthetic::conversation(3).unwrap();
+        let lens: Vec<usize> = points(&full.messages, 0).iter().map(|p| p.len).collect();
+        // system, user, call, result, answer, user, call, result, answer, user, answer, user:
+        // before each answer or call, and the whole request.
+        assert_eq!(lens, vec![2, 4, 6, 8, 10, 12]);
+        let roles = |len: usize| full.messages[len].role.clone();
+        assert!(lens[..5].iter().all(|&len| roles(len) == Role::Assistant));
+    }
+
+    #[test]
+    fn turns_are_appended_between_recompactions_that_pay() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let (mut appended, mut paid) = (0, 0);
+        let mut previous: Option<ChatRequest> = None;
+        for request in requests(40) {
+            let rewrite = run(&request, &env(&config, &counter, &memo, None));
+            let prefix = rewrite.report.prefix.clone().unwrap();
+            let sent = &rewrite.request;
+            match (prefix.rebuilt, &previous) {
+                (None, Some(before)) => {
+                    appended += 1;
+                    // The previous rewrite, byte for byte, then the new messages.
+                    assert_eq!(tool_names(sent), tool_names(before));
+                    assert_eq!(sent.tools, before.tools);
+                    assert!(sent.messages.starts_with(&before.messages));
+                    // Rebuilding would not have paid, and the budget is not what it breaks.
+                    assert!(rewrite.report.tokens_after < prefix.whole_tokens + 2_000);
+                }
+                (Some(Rebuilt::Pays), _) => paid += 1,
+                (Some(Rebuilt::First), None) => {}
+                (Some(other), _) => assert!(
+                    matches!(other, Rebuilt::Budget | Rebuilt::ToolsChanged),
+                    "{other:?}"
+                ),
+                (None, None) => panic!("the first request appends to nothing"),
+            }
+            assert!(rewrite.report.tokens_after <= rewrite.report.tokens_before);
+            previous = Some(rewrite.request);
+        }
+        assert!(appended > 40, "{appended} appended");
+        // Under this budget, the budget is what rebuilds.
+        assert_eq!(paid, 0);
+    }
+
+    #[test]
+    fn without_budget_pressure_only_savings_rebuild() {
+        let requests = requests(40);
+        let reasons = rebuilds(&requests, 1_000_000);
+        assert_eq!(reasons[0], Some(Rebuilt::First));
+        let paid = reasons
+            .iter()
+            .filter(|r| **r == Some(Rebuilt::Pays))
+            .count();
+        let appended = reasons.iter().filter(|r| r.is_none()).count();
+        assert!(paid >= 1 && appended > 10 * paid, "{reasons:?}");
+        // The tool block may grow; the budget never rebuilds.
+        assert!(
+            reasons[1..]
+                .iter()
+                .all(|r| matches!(r, None | Some(Rebuilt::Pays | Rebuilt::ToolsChanged))),
+            "{reasons:?}"
+        );
+        // A larger threshold rebuilds less often.
+        let config = PipelineConfig {
+            clear_at_least_tokens: 6_000,
+            ..PipelineConfig::default()
+        };
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let env = Env {
+            budget: 1_000_000,
+            ..env(&config, &counter, &memo, None)
+        };
+        let fewer = requests
+            .iter()
+            .filter(|r| run(r, &env).report.prefix.and_then(|p| p.rebuilt) == Some(Rebuilt::Pays))
+            .count();
+        assert!(fewer < paid, "{fewer} vs {paid}");
+    }
+
+    #[test]
+    fn the_decisions_are_the_same_without_the_memo_and_from_a_remembered_state() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let warm = Memo::default();
+        let requests = requests(25);
+        let mut remembered = None;
+        let mut last = None;
+        for request in &requests {
+            let rewrite = run(request, &env(&config, &counter, &warm, None));
+            remembered = rewrite.remember;
+            last = Some(rewrite.request);
+        }
+        let last = last.unwrap();
+        let (current, before) = (&requests[requests.len() - 1], &requests[requests.len() - 2]);
+        let cold = run(current, &env(&config, &counter, &Memo::default(), None));
+        assert_eq!(cold.request, last);
+
+        // The state the store holds after the request before is a point to resume from.
+        let stored = run(before, &env(&config, &counter, &Memo::default(), None)).remember;
+        let resumed = run(current, &env(&config, &counter, &Memo::default(), stored));
+        assert_eq!(resumed.request, last);
+        assert_eq!(resumed.remember, remembered);
+        // One of another conversation (or an edited history) is not.
+        let wrong = stored.map(|s| PrefixState {
+            digest: s.digest ^ 1,
+            ..s
+        });
+        let ignored = run(current, &env(&config, &counter, &Memo::default(), wrong));
+        assert_eq!(ignored.request, last);
+    }
+
+    #[test]
+    fn appended_reports_still_sum_to_the_saving() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        for request in requests(20) {
+            let rewrite = run(&request, &env(&config, &counter, &memo, None));
+            let report = &rewrite.report;
+            assert_eq!(report.tokens_before, counter.request(&request));
+            assert_eq!(report.tokens_after, counter.request(&rewrite.request));
+            let saved: usize = report.savings_by_stage().iter().map(|(_, n)| n).sum();
+            assert_eq!(saved, report.tokens_before - report.tokens_after);
+        }
+    }
+
+    #[test]
+    fn without_a_threshold_every_request_is_rewritten_whole() {
+        let config = PipelineConfig {
+            clear_at_least_tokens: 0,
+            ..PipelineConfig::default()
+        };
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let request = synthetic::conversation(30).unwrap();
+        let rewrite = run(&request, &env(&config, &counter, &memo, None));
+        assert_eq!(rewrite.report.prefix, None);
+        assert_eq!(rewrite.remember, None);
+        assert!(rewrite.report.stages.iter().all(|s| s.stage != "append"));
+    }
+}
