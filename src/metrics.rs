@@ -229,7 +229,7 @@ impl Metrics {
         let tool_filter_decisions = IntCounterVec::new(
             Opts::new(
                 "ctxproxy_tool_filter_decisions_total",
-                "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, protected.",
+                "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, protected, small_block (sent whole: under [tools] min_tool_tokens).",
             ),
             &["reason"],
         )?;
@@ -409,6 +409,7 @@ impl Metrics {
             "no_match_drop",
             "no_match_keep",
             "protected",
+            "small_block",
         ] {
             self.tool_filter_decisions.with_label_values(&[reason]);
         }

@@ -88,6 +88,10 @@ impl Stage for CompactStage {
             }
             let max_tokens = cx.params.tool_result_max_tokens;
             if cx.counter.text(&text) <= max_tokens {
+                if let Some(json) = minified(&text) {
+                    json_compacted += 1;
+                    replace(index, json);
+                }
                 continue;
             }
             let mut keep: HashSet<&str> = cx
@@ -142,7 +146,7 @@ pub(super) fn working_set_result(
 ) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
-        return None;
+        return minified(text).map(|json| (json, Form::Json));
     }
     let (compacted, form) = match parse_json(text) {
         Some(value) => {
@@ -156,6 +160,36 @@ pub(super) fn working_set_result(
         ),
     };
     (!compacted.is_empty() && compacted.len() < text.len()).then_some((compacted, form))
+}
+
+/// A JSON text without the whitespace between its tokens, when it has any: the same value,
+/// every string and number byte for byte (numbers are not re-printed, so `481.50` stays).
+fn minified(text: &str) -> Option<String> {
+    let trimmed = text.trim_start();
+    if !(trimmed.starts_with('{') || trimmed.starts_with('[')) {
+        return None;
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !c.is_ascii_whitespace() {
+            out.push(c);
+        }
+    }
+    (out.len() < text.len()).then_some(out)
 }
 
 /// A message as it is appended between recompactions: a tool result in its working-set form,
@@ -657,6 +691,21 @@ mod tests {
     }
 
     #[test]
+    fn json_is_minified_byte_for_byte() {
+        let text = "{\"order_id\": \"#W1\", \"price\": 481.50, \"note\": \"a \\\" b  c\",\n \"items\": [1, 2]}";
+        let out = minified(text).unwrap();
+        assert_eq!(
+            out,
+            "{\"order_id\":\"#W1\",\"price\":481.50,\"note\":\"a \\\" b  c\",\"items\":[1,2]}"
+        );
+        let same: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(same, serde_json::from_str::<Value>(text).unwrap());
+        assert_eq!(minified("{\"a\":1}"), None);
+        assert_eq!(minified("not json: {\"a\": 1}"), None);
+        assert_eq!(minified("{\"a\": 1"), None);
+    }
+
+    #[test]
     fn prose_is_cut_at_whitespace_identifiers_never() {
         let long = format!(
             "{} https://example.com/a/very/long/path/that/must/not/change end",
@@ -749,7 +798,8 @@ mod working_set_tests {
 
     fn result(city: &str) -> String {
         format!(
-            "{{\n  \"city\": \"{city}\",\n  \"code\": \"{}X1\",\n  \"forecast\": \"{}\"\n}}",
+            // Compact JSON: what these tests look at is clearing, not the minifying.
+            "{{\"city\":\"{city}\",\"code\":\"{}X1\",\"forecast\":\"{}\"}}",
             &city[..2],
             "sunny and mild all week long, with a light breeze in the afternoons ".repeat(3)
         )

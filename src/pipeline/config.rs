@@ -75,6 +75,8 @@ impl Default for PipelineConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
     pub enabled: bool,
+    /// Tool definitions totalling fewer tokens than this are sent whole, unfiltered.
+    pub min_tool_tokens: usize,
     /// `[[tools.categories]]`: named groups of tools with the words that call for them.
     pub categories: Vec<ToolCategory>,
     /// Tools (names or `*` globs) never filtered.
@@ -102,6 +104,7 @@ impl Default for ToolsConfig {
     fn default() -> Self {
         ToolsConfig {
             enabled: true,
+            min_tool_tokens: 3_000,
             categories: Vec::new(),
             always: Vec::new(),
             keep_single_word_tools: true,

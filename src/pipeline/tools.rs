@@ -35,6 +35,8 @@ pub enum Reason {
     NoMatchKeep,
     /// Nothing matched; only protected tools (tool_choice, history, always, tool loop) stay.
     Protected,
+    /// The tool definitions total less than `min_tool_tokens`: sent whole.
+    SmallBlock,
 }
 
 impl Reason {
@@ -45,6 +47,7 @@ impl Reason {
             Reason::NoMatchDrop => "no_match_drop",
             Reason::NoMatchKeep => "no_match_keep",
             Reason::Protected => "protected",
+            Reason::SmallBlock => "small_block",
         }
     }
 }
@@ -181,6 +184,13 @@ impl Stage for ToolsStage {
                 "reason": Reason::Protected.as_str(), "tool_choice": choice}));
         }
         let config = &cx.config.tools;
+        // A small block is sent whole: filtering it saves less than one growth of the block
+        // costs where the provider caches prompts (a growth re-bills the whole prompt).
+        let tool_tokens = cx.counter.tools(tools);
+        if tool_tokens < config.min_tool_tokens {
+            return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
+                "reason": Reason::SmallBlock.as_str(), "tool_tokens": tool_tokens}));
+        }
         let catalog = Catalog::memoized(tools, config, cx.memo);
         // Scores read what the client sent; protection reads what is sent on (a call the
         // window removed needs no definition).
@@ -507,6 +517,8 @@ mod tests {
         }
         let request: ChatRequest = serde_json::from_value(body).unwrap();
         let mut config = PipelineConfig::default();
+        // These lists are small: the classifier is what these tests look at.
+        config.tools.min_tool_tokens = 0;
         configure(&mut config);
         let sticky: Vec<String> = sticky.iter().map(|s| (*s).to_owned()).collect();
         let rewrite = run(
@@ -650,7 +662,8 @@ mod tests {
         let windowed: ChatRequest = serde_json::from_value(json!({"model": "gpt-4o",
             "messages": [{"role": "user", "content": "yes"}], "tools": offered()}))
         .unwrap();
-        let config = PipelineConfig::default();
+        let mut config = PipelineConfig::default();
+        config.tools.min_tool_tokens = 0;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let cx = StageCx {
             config: &config,
@@ -677,7 +690,8 @@ mod tests {
 
     #[test]
     fn a_conversations_tool_block_only_grows() {
-        let config = PipelineConfig::default();
+        let mut config = PipelineConfig::default();
+        config.tools.min_tool_tokens = 0;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();
         let turns = [
@@ -720,6 +734,24 @@ mod tests {
         }
         assert!(previous.iter().any(|t| t.starts_with("calendar_")));
         assert!(previous.iter().any(|t| t.starts_with("email_")));
+    }
+
+    #[test]
+    fn a_block_under_min_tool_tokens_is_sent_whole() {
+        let messages = user("Send an email to Ana");
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let offered_tokens =
+            counter.tools(&serde_json::from_value::<Vec<Tool>>(Value::Array(offered())).unwrap());
+        let (sent, request) = sent_from(offered(), messages.clone(), json!({}), &[], |c| {
+            c.tools.min_tool_tokens = offered_tokens + 1;
+        });
+        assert_eq!(sent.len(), offered().len());
+        assert_eq!(request.tools.get().map(Vec::len), Some(offered().len()));
+        // At the threshold, the block is filtered.
+        let (sent, _) = sent_from(offered(), messages, json!({}), &[], |c| {
+            c.tools.min_tool_tokens = offered_tokens;
+        });
+        assert_eq!(sent, ["email_send", "email_search"]);
     }
 
     #[test]
