@@ -2,7 +2,8 @@
 //! the rewritten request with the stage reports is compared with its reviewed snapshot in
 //! tests/snapshots/. Review changes with `cargo insta review` (never accept blindly).
 //!
-//! The stage goldens rewrite each request whole (`clear_at_least_tokens = 0`); the `prefix_*`
+//! The stage goldens rewrite each request whole (`clear_at_least_tokens = 0`) and filter every
+//! tool block (`min_tool_tokens = 0`); the `prefix_*`
 //! goldens run the default config, where a request's rewrite is the conversation's last whole
 //! rewrite with the later messages appended unless rebuilding pays (`pipeline/prefix.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -36,11 +37,14 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
     json!({"report": rewrite.report, "request": rewrite.request})
 }
 
+/// Every request rewritten whole, and every tool block filtered (the fixtures' are small).
 fn whole() -> PipelineConfig {
-    PipelineConfig {
+    let mut config = PipelineConfig {
         clear_at_least_tokens: 0,
         ..PipelineConfig::default()
-    }
+    };
+    config.tools.min_tool_tokens = 0;
+    config
 }
 
 macro_rules! golden {

@@ -58,7 +58,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             mode: Mode::Optimize,
-            clear_at_least_tokens: 2000,
+            clear_at_least_tokens: 1000,
             prefix_ttl_secs: 3600,
             system: SystemConfig::default(),
             window: WindowConfig::default(),

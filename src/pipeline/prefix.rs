@@ -475,7 +475,10 @@ mod tests {
                     assert_eq!(sent.tools, before.tools);
                     assert!(sent.messages.starts_with(&before.messages));
                     // Rebuilding would not have paid, and the budget is not what it breaks.
-                    assert!(rewrite.report.tokens_after < prefix.whole_tokens + 2_000);
+                    assert!(
+                        rewrite.report.tokens_after
+                            < prefix.whole_tokens + config.clear_at_least_tokens
+                    );
                 }
                 (Some(Rebuilt::Pays), _) => paid += 1,
                 (Some(Rebuilt::First), None) => {}
@@ -489,8 +492,7 @@ mod tests {
             previous = Some(rewrite.request);
         }
         assert!(appended > 40, "{appended} appended");
-        // Under this budget, the budget is what rebuilds.
-        assert_eq!(paid, 0);
+        assert!(paid > 0, "no recompaction paid");
     }
 
     #[test]
@@ -503,7 +505,7 @@ mod tests {
             .filter(|r| **r == Some(Rebuilt::Pays))
             .count();
         let appended = reasons.iter().filter(|r| r.is_none()).count();
-        assert!(paid >= 1 && appended > 10 * paid, "{reasons:?}");
+        assert!(paid >= 1 && appended > 4 * paid, "{reasons:?}");
         // The tool block may grow; the budget never rebuilds.
         assert!(
             reasons[1..]
