@@ -74,7 +74,12 @@ async fn proxy_with(mock_url: &str, env: &[(&str, String)]) -> Proxy {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.clone()))
         .collect();
-    start_proxy_with_env(&format!("[upstream]\nbase_url = \"{mock_url}\"\n"), env).await
+    // These three tools are a small block: filtered all the same, as a large one would be.
+    start_proxy_with_env(
+        &format!("[upstream]\nbase_url = \"{mock_url}\"\n[tools]\nmin_tool_tokens = 0\n"),
+        env,
+    )
+    .await
 }
 
 #[tokio::test]

@@ -560,8 +560,9 @@ mod tests {
         let sent: Vec<usize> = rows.iter().map(|r| r.tokens_after).collect();
         let before: Vec<usize> = rows.iter().map(|r| r.tokens_before).collect();
         assert!(before[3] > 4 * before[1], "{before:?}");
-        let (twenty, hundred) = (sent[1] as f64, sent[3] as f64);
-        assert!((hundred - twenty).abs() <= 0.1 * twenty, "{sent:?}");
+        // Between recompactions a conversation appends, so what is sent saw-tooths; it never
+        // passes the budget (4,000) that the whole rewrite fits.
+        assert!(sent.iter().all(|&n| n <= 4_000), "{sent:?}");
     }
 }
 
