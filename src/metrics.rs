@@ -99,6 +99,8 @@ pub struct Metrics {
     pub usage_tokens: IntCounterVec,
     /// `source` ∈ pipeline, cache.
     pub cost_saved_usd: CounterVec,
+    /// What rewrites cost more than the originals would have (a broken cached prefix).
+    pub cost_added_usd: CounterVec,
     pub stream_first_byte: HistogramVec,
     /// `method` ∈ cleared, json, text.
     pub compactions: IntCounterVec,
@@ -278,9 +280,16 @@ impl Metrics {
         let cost_saved_usd = CounterVec::new(
             Opts::new(
                 "ctxproxy_cost_saved_usd_total",
-                "Estimated US dollars not spent, from [prices]: source=pipeline (prompt tokens removed) or cache (hits' stored usage).",
+                "Estimated US dollars not spent, from [prices]: source=pipeline (the original's input bill minus the rewrite's, cached prices counted) or cache (hits' stored usage).",
             ),
             &["source", "model", "tenant"],
+        )?;
+        let cost_added_usd = CounterVec::new(
+            Opts::new(
+                "ctxproxy_cost_added_usd_total",
+                "Estimated US dollars a rewrite cost more than the original would have (it broke a prefix the provider had cached); the pipeline's net saving is ctxproxy_cost_saved_usd_total{source=\"pipeline\"} minus this.",
+            ),
+            &["model", "tenant"],
         )?;
         let stream_first_byte = HistogramVec::new(
             HistogramOpts::new(
@@ -350,6 +359,7 @@ impl Metrics {
         registry.register(Box::new(chat_requests.clone()))?;
         registry.register(Box::new(usage_tokens.clone()))?;
         registry.register(Box::new(cost_saved_usd.clone()))?;
+        registry.register(Box::new(cost_added_usd.clone()))?;
         registry.register(Box::new(stream_first_byte.clone()))?;
         registry.register(Box::new(compactions.clone()))?;
         registry.register(Box::new(records_written.clone()))?;
@@ -364,6 +374,7 @@ impl Metrics {
             chat_requests,
             usage_tokens,
             cost_saved_usd,
+            cost_added_usd,
             stream_first_byte,
             compactions,
             prompt_tokens,
@@ -416,6 +427,8 @@ impl Metrics {
         for phase in ["offered", "sent"] {
             self.tools.with_label_values(&[phase]);
         }
+        // Rare by design: exported at zero for the dashboard's net saving.
+        self.cost_added_usd.with_label_values(&["other", "default"]);
         for method in ["cleared", "json", "text"] {
             self.compactions.with_label_values(&[method]);
         }

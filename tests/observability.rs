@@ -64,6 +64,8 @@ const CONFIG: &str = "[cache.dedup]\nenabled = true\n[prices]\n\"gpt-4o\" = { in
 /// reported (prompt, completion).
 struct Sent {
     saved: u64,
+    /// Of `saved`, what the deterministic hit saved.
+    hit_saved: u64,
     usage: (u64, u64),
 }
 
@@ -95,6 +97,8 @@ async fn drive_mix(proxy: &Proxy) -> Sent {
     }
     let (b, a) = hit.expect("never a cache hit");
     saved += b - a;
+    // A hit never reaches the upstream: its saving is the cache's, not priced as the pipeline's.
+    let hit_saved = b - a;
 
     // Observed: sent as received; nothing counts as saved.
     let observed = send(
@@ -161,14 +165,22 @@ async fn drive_mix(proxy: &Proxy) -> Sent {
     saved += b - a;
     let rejected = send(&url, &long_conversation(), &[("x-ctxproxy-budget", "20")]).await;
     assert_eq!(rejected.status(), 400);
-    Sent { saved, usage }
+    Sent {
+        saved,
+        hit_saved,
+        usage,
+    }
 }
 
 #[tokio::test]
 async fn metrics_match_what_was_sent_and_what_the_upstream_reported() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, CONFIG).await;
-    let Sent { saved, usage } = drive_mix(&proxy).await;
+    let Sent {
+        saved,
+        hit_saved,
+        usage,
+    } = drive_mix(&proxy).await;
     let metrics = proxy.metrics().await;
     let value = |name: &str, labels: &[(&str, &str)]| metric_sum(&metrics, name, labels);
     assert_eq!(value("ctxproxy_tokens_saved_total", &[]) as u64, saved);
@@ -196,9 +208,10 @@ async fn metrics_match_what_was_sent_and_what_the_upstream_reported() {
         ),
         1.0
     );
-    // gpt-4o input at 2.50 USD per million tokens.
+    // gpt-4o input at 2.50 USD per million tokens, no cached price: only the tokens count, for
+    // the requests the upstream answered.
     let pipeline_usd = value("ctxproxy_cost_saved_usd_total", &[("source", "pipeline")]);
-    let expected = saved as f64 * 2.5 / 1e6;
+    let expected = (saved - hit_saved) as f64 * 2.5 / 1e6;
     assert!(
         (pipeline_usd - expected).abs() < 1e-9,
         "{pipeline_usd} vs {expected}"
@@ -451,4 +464,80 @@ async fn the_providers_cached_prompt_tokens_are_exported() {
         .metric("ctxproxy_usage_tokens_total", &[("kind", "cached_prompt")])
         .await;
     assert_eq!(exported, cached[1] as f64);
+}
+
+/// `ctxproxy_cost_saved_usd_total{source="pipeline"}` prices what a rewrite saved with the cached
+/// price: the original as cached as far as the client's previous request reached (the provider's
+/// rule), the rewrite as cached as the upstream's usage says; a loss goes to
+/// `ctxproxy_cost_added_usd_total`.
+#[tokio::test]
+async fn the_pipelines_saving_is_priced_with_the_cached_price() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(
+        &mock,
+        "[prices]\n\"gpt-4o\" = { input = 2.5, cached_input = 1.25, output = 10.0 }\n",
+    )
+    .await;
+    let policy = "Follow the airline policy exactly and verify the user first. ".repeat(120);
+    let mut messages = vec![
+        json!({"role": "system", "content": policy}),
+        json!({"role": "user", "content": "Hi, I want to change my flight."}),
+    ];
+    let (mut saved, mut added) = (0.0_f64, 0.0_f64);
+    let mut previous_before: Option<u64> = None;
+    // Each request of an agent loop: the user's, then the tool result's.
+    for step in 0..8 {
+        let turn = step / 2;
+        let body = json!({"model": "gpt-4o", "messages": messages});
+        let response = send(
+            &proxy.url("/v1/chat/completions"),
+            &body,
+            &[("x-conversation-id", "priced-conv")],
+        )
+        .await;
+        let (before, after) = counts(&response);
+        let answer: Value = response.json().await.unwrap();
+        let sent_cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        if after < before {
+            let original_cached = previous_before.map_or(0, |p| {
+                let p = p.min(before);
+                if p < 1024 { 0 } else { p / 128 * 128 }
+            });
+            let bill = |tokens: u64, cached: u64| {
+                ((tokens - cached) as f64 * 2.5 + cached as f64 * 1.25) / 1e6
+            };
+            let usd = bill(before, original_cached) - bill(after, sent_cached.min(after));
+            if usd > 0.0 {
+                saved += usd;
+            } else {
+                added -= usd;
+            }
+        }
+        previous_before = Some(before);
+        if step % 2 == 0 {
+            // A pretty-printed JSON tool result: the rewrite re-encodes it without whitespace.
+            let id = format!("call_{turn}");
+            messages.push(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+                "type": "function", "function": {"name": "get_reservation", "arguments": "{}"}}]}),
+            );
+            let result = json!({"reservation_id": format!("R{turn}00"), "flights": [{"number": "HAT170", "date": "2024-05-01"}]});
+            messages.push(json!({"role": "tool", "tool_call_id": id,
+                "content": serde_json::to_string_pretty(&result).unwrap()}));
+        } else {
+            messages.push(json!({"role": "assistant", "content": format!("Answer {turn}.")}));
+            messages.push(json!({"role": "user", "content": "And the fee?"}));
+        }
+    }
+    assert!(saved > 0.0, "{saved}");
+    let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
+        let proxy = &proxy;
+        async move { proxy.metric(name, labels).await }
+    };
+    let exported = metric("ctxproxy_cost_saved_usd_total", &[("source", "pipeline")]).await;
+    assert!((exported - saved).abs() < 1e-12, "{exported} vs {saved}");
+    let exported = metric("ctxproxy_cost_added_usd_total", &[]).await;
+    assert!((exported - added).abs() < 1e-12, "{exported} vs {added}");
 }

@@ -16,14 +16,12 @@ use std::io::BufRead;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::bill::cached_of;
 use crate::config::Config;
 use crate::openai::ChatRequest;
 use crate::pipeline;
 use crate::tokens::{Encoding, Tokenizers};
 
-/// OpenAI's rule: no caching under this many tokens, then in steps of `CACHE_STEP`.
-const MIN_CACHED: usize = 1024;
-const CACHE_STEP: usize = 128;
 /// A follow-up whose common prefix is under this share of the previous request broke it.
 const BROKEN_BELOW: f64 = 0.9;
 
@@ -110,15 +108,6 @@ pub fn render_prompt(request: &Value) -> String {
         }
     }
     out
-}
-
-/// Cached tokens for a common prefix of `prefix` tokens.
-pub fn cached_of(prefix: usize) -> usize {
-    if prefix < MIN_CACHED {
-        0
-    } else {
-        prefix / CACHE_STEP * CACHE_STEP
-    }
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -465,13 +454,6 @@ mod tests {
         assert_eq!(thousands(2698640.0), "2,698,640");
         assert_eq!(thousands(999.0), "999");
         assert_eq!(thousands(-1000.0), "-1,000");
-    }
-
-    #[test]
-    fn the_cache_counts_from_1024_tokens_in_steps_of_128() {
-        assert_eq!(cached_of(1023), 0);
-        assert_eq!(cached_of(1024), 1024);
-        assert_eq!(cached_of(1300), 1280);
     }
 
     #[test]

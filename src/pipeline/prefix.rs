@@ -63,6 +63,10 @@ pub struct PrefixReport {
     pub rebuilt: Option<Rebuilt>,
     /// Tokens of the whole rewrite: what a recompaction would send now.
     pub whole_tokens: usize,
+    /// Tokens of the client's previous request (the point before this one), as it sent them:
+    /// the prefix a provider would have found cached without the rewrite.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_tokens: Option<usize>,
 }
 
 /// One request of the conversation: its first `len` messages, and the hash of those and of
@@ -158,6 +162,10 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         digest: points[current].digest,
     });
     let whole_tokens = whole.report.tokens_after;
+    let previous_tokens = current.checked_sub(1).map(|k| {
+        let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
+        env.counter.messages(&request.messages[..points[k].len]) + env.counter.tools(tools)
+    });
     let mut rewrite = if anchor == current {
         let mut rewrite = whole;
         // The next request appends to it.
@@ -167,6 +175,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             appended_messages: 0,
             rebuilt,
             whole_tokens,
+            previous_tokens,
         });
         rewrite
     } else {
@@ -177,6 +186,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             appended_messages: points[current].len - points[anchor].len,
             rebuilt: None,
             whole_tokens,
+            previous_tokens,
         });
         rewrite
     };

@@ -20,6 +20,7 @@ use super::prefix_state;
 use super::scope;
 use super::sticky::{self, StickyUpdate};
 use super::{RequestContext, SharedState, read_body};
+use crate::bill::{Prompt, cached_of};
 use crate::body::{BodyObserver, Observers, TapBody};
 use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
@@ -147,8 +148,8 @@ async fn serve(
         );
     }
 
-    let (body, counts) = match mode {
-        Mode::Off => (bytes, None),
+    let (body, counts, saving) = match mode {
+        Mode::Off => (bytes, None, None),
         Mode::Observe | Mode::Optimize => {
             let sticky = sticky_categories(&state, &chat, conversation.as_deref()).await;
             let thread = conversation_id(&scope, &parts.headers, &chat);
@@ -183,7 +184,7 @@ async fn serve(
                     .budget_outcomes
                     .with_label_values(&[outcome, &labels.model, &labels.tenant])
                     .inc();
-                record_savings(&state, &rewrite, &chat.model, labels);
+                record_savings(&state, &rewrite, labels);
             } else {
                 record_observed(&state, &rewrite, labels);
             }
@@ -210,10 +211,11 @@ async fn serve(
                     if let Some(exchange) = record.as_mut() {
                         exchange.rewritten = Some(rewritten.clone());
                     }
-                    (rewritten, Some(counts))
+                    let saving = saving_of(&state, &chat.model, report);
+                    (rewritten, Some(counts), saving)
                 }
                 // Nothing changed, or observe mode: the client's own bytes go upstream.
-                _ => (bytes, Some(counts)),
+                _ => (bytes, Some(counts), None),
             }
         }
     };
@@ -321,13 +323,16 @@ async fn serve(
     }
     if answer.response.status().is_success() {
         let streamed = is_event_stream(answer.response.headers());
-        observers.push(Box::new(ResponseMeter::new(
-            state.clone(),
-            labels.clone(),
-            &upstream.config.name,
-            streamed,
-            received,
-        )));
+        observers.push(Box::new(
+            ResponseMeter::new(
+                state.clone(),
+                labels.clone(),
+                &upstream.config.name,
+                streamed,
+                received,
+            )
+            .with_saving(saving),
+        ));
         if let Some(conversation) = conversation {
             observers.push(Box::new(StickyUpdate::new(
                 state.clone(),
@@ -519,7 +524,27 @@ fn record_observed(state: &SharedState, rewrite: &Rewrite, labels: &ChatLabels) 
     }
 }
 
-fn record_savings(state: &SharedState, rewrite: &Rewrite, model_name: &str, labels: &ChatLabels) {
+/// What a rewritten request is priced against when its usage arrives (`meter.rs`): the client's
+/// request, cached as far as its previous request reached (the provider's rule), and the tokens
+/// sent. `None` for a model without a price.
+fn saving_of(
+    state: &SharedState,
+    model: &str,
+    report: &pipeline::PipelineReport,
+) -> Option<meter::Saving> {
+    let price = state.config.price_of(model)?;
+    let previous = report.prefix.as_ref().and_then(|p| p.previous_tokens);
+    Some(meter::Saving {
+        original: Prompt {
+            tokens: report.tokens_before,
+            cached: previous.map_or(0, |tokens| cached_of(tokens.min(report.tokens_before))),
+        },
+        sent_tokens: report.tokens_after,
+        price,
+    })
+}
+
+fn record_savings(state: &SharedState, rewrite: &Rewrite, labels: &ChatLabels) {
     let metrics = &state.metrics;
     let report = &rewrite.report;
     let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
@@ -536,15 +561,6 @@ fn record_savings(state: &SharedState, rewrite: &Rewrite, model_name: &str, labe
             .tokens_saved
             .with_label_values(&[stage, model, tenant])
             .inc_by(saved as u64);
-    }
-    let saved = report.tokens_before.saturating_sub(report.tokens_after);
-    if let Some(price) = state.config.price_of(model_name)
-        && saved > 0
-    {
-        metrics
-            .cost_saved_usd
-            .with_label_values(&["pipeline", model, tenant])
-            .inc_by(saved as f64 * price.input / 1e6);
     }
     if rewrite.changed()
         && let Some(compact) = report.stages.iter().find(|s| s.stage == "compact")

@@ -1,7 +1,8 @@
 //! What the upstream says it spent: `usage` of every chat answer (JSON, or the usage event of a
 //! stream) counted per model and tenant, and the time to a stream's first event. Streams are
 //! asked for usage even when the client did not ask (`stream_options.include_usage`); that
-//! usage-only event is then left out of what the client receives.
+//! usage-only event is then left out of what the client receives. For a rewritten request, the
+//! usage also prices what the rewrite saved, with the provider's cached tokens counted.
 
 use bytes::Bytes;
 use memchr::memmem;
@@ -9,7 +10,9 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::SharedState;
+use crate::bill::{self, Prompt};
 use crate::body::{BodyEnd, BodyObserver};
+use crate::config::ModelPrice;
 use crate::metrics::ChatLabels;
 use crate::openai::sse::event_data;
 use crate::openai::{Nullable, Usage, with_first_field};
@@ -23,8 +26,20 @@ struct WithUsage {
     usage: Nullable<Usage>,
 }
 
+/// What a rewritten request is priced against when its usage arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Saving {
+    /// The client's request: its tokens, and what the provider would have found cached of it
+    /// (the client's previous request of the conversation is a prefix of it).
+    pub original: Prompt,
+    /// The tokens sent; the usage says how many of them were cached.
+    pub sent_tokens: usize,
+    pub price: ModelPrice,
+}
+
 pub struct ResponseMeter {
     state: SharedState,
+    saving: Option<Saving>,
     labels: ChatLabels,
     upstream: String,
     streamed: bool,
@@ -44,6 +59,7 @@ impl ResponseMeter {
     ) -> ResponseMeter {
         ResponseMeter {
             state,
+            saving: None,
             labels,
             upstream: upstream.to_owned(),
             streamed,
@@ -53,17 +69,26 @@ impl ResponseMeter {
         }
     }
 
+    /// Prices the rewrite's saving when the usage arrives.
+    pub fn with_saving(mut self, saving: Option<Saving>) -> ResponseMeter {
+        self.saving = saving;
+        self
+    }
+
     fn count(&mut self, usage: &Usage) {
         if self.counted {
             return;
         }
         self.counted = true;
-        let cached = usage
+        let reported = usage
             .extra
             .get("prompt_tokens_details")
             .and_then(|d| d.get("cached_tokens"))
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0);
+            .and_then(serde_json::Value::as_u64);
+        let cached = reported.unwrap_or(0);
+        if let Some(saving) = self.saving {
+            self.count_saving(saving, reported);
+        }
         let tokens = &self.state.metrics.usage_tokens;
         let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
         for (kind, n) in [
@@ -72,6 +97,39 @@ impl ResponseMeter {
             ("cached_prompt", cached),
         ] {
             tokens.with_label_values(&[kind, model, tenant]).inc_by(n);
+        }
+    }
+}
+
+impl ResponseMeter {
+    /// The original's input bill minus the rewrite's. A provider that reports no cached tokens
+    /// caches nothing (or does not say): then only the tokens count, on both sides.
+    fn count_saving(&self, saving: Saving, reported_cached: Option<u64>) {
+        let (original_cached, sent_cached) = match reported_cached {
+            Some(cached) => (saving.original.cached, cached as usize),
+            None => (0, 0),
+        };
+        let original = Prompt {
+            cached: original_cached,
+            ..saving.original
+        };
+        let sent = Prompt {
+            tokens: saving.sent_tokens,
+            cached: sent_cached,
+        };
+        let saved = bill::saved_usd(original, sent, &saving.price);
+        let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
+        let metrics = &self.state.metrics;
+        if saved > 0.0 {
+            metrics
+                .cost_saved_usd
+                .with_label_values(&["pipeline", model, tenant])
+                .inc_by(saved);
+        } else if saved < 0.0 {
+            metrics
+                .cost_added_usd
+                .with_label_values(&[model, tenant])
+                .inc_by(-saved);
         }
     }
 }
