@@ -328,7 +328,7 @@ pub fn hash_message(message: &Message, hasher: &mut impl Hasher) {
     message.tool_call_id.get().hash(hasher);
 }
 
-fn hash_tool(tool: &Tool, hasher: &mut impl Hasher) {
+pub fn hash_tool(tool: &Tool, hasher: &mut impl Hasher) {
     tool.kind.hash(hasher);
     match &tool.function {
         Some(function) => {

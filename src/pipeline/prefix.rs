@@ -21,9 +21,10 @@ use std::sync::Arc;
 use foldhash::quality::FixedState;
 use serde::{Deserialize, Serialize};
 
+use super::working_set::WorkingSet;
 use super::{Env, Floor, PipelineReport, Rewrite, StageReport, compact, tools, with_messages};
 use crate::openai::{ChatRequest, Message, Role};
-use crate::tokens::hash_message;
+use crate::tokens::{hash_message, hash_tool};
 
 /// What the store remembers of a conversation: as of the request that sent its first `as_of`
 /// messages (whose history and settings hash to `digest`), the rewrite was last rebuilt whole
@@ -61,8 +62,9 @@ pub struct PrefixReport {
     /// Set when this request's rewrite was rebuilt whole.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rebuilt: Option<Rebuilt>,
-    /// Tokens of the whole rewrite: what a recompaction would send now.
-    pub whole_tokens: usize,
+    /// Tokens of the whole rewrite: what a recompaction would send now (`None` when it was
+    /// not made: what no step cuts already left rebuilding unable to pay).
+    pub whole_tokens: Option<usize>,
     /// Tokens of the client's previous request (the point before this one), as it sent them:
     /// the prefix a provider would have found cached without the rewrite.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,13 +100,19 @@ const APPENDED_SEED: u64 = 0x7072_6566_6978_0005;
 /// The rewrite of `request`: rebuilt whole, or the conversation's last whole rewrite with the
 /// messages since appended (see the module doc).
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    let threshold = env.config.clear_at_least_tokens;
-    if threshold == 0 {
+    if env.config.clear_at_least_tokens == 0 {
         return super::whole(request, env);
     }
     let points = points(&request.messages, settings(request, env));
     let current = points.len() - 1;
     let memo = env.memo;
+    let cx = Decide {
+        request,
+        points: &points,
+        env,
+        tools_fixed: tools::sends_block_whole(request, env.config, env.counter),
+        reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
+    };
 
     // Resume from the latest earlier point whose state is known: memoized here, or remembered.
     let mut anchor: Option<usize> = None;
@@ -128,10 +136,9 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
 
     // The earlier points since then, each decided as it was when it was the last request.
     for k in from..current {
-        let whole = whole_at(request, &points, k, env);
         let decided = match anchor {
             None => k,
-            Some(a) => match rebuild(request, &points, a, k, whole, env) {
+            Some(a) => match cx.rebuild(a, k, &|| whole_at(request, &points, k, env)) {
                 Some(_) => k,
                 None => a,
             },
@@ -140,41 +147,32 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         memo.value(points[k].digest ^ STATE_SEED, || decided);
     }
 
-    let whole = super::whole(
-        request,
-        &env_at(request, &points, current, env, &mut Vec::new()),
-    );
-    let summary = summary(&whole);
-    memo.value(points[current].digest ^ WHOLE_SEED, || summary);
+    // The request itself: its whole rewrite is made only when rebuilding could pay (memoized:
+    // the same request again costs no pipeline run).
+    let whole = std::cell::OnceCell::new();
+    let whole_now = || whole.get_or_init(|| rewrite_at(request, &points, current, env));
     let rebuilt = match anchor {
         None => Some(Rebuilt::First),
-        Some(a) => rebuild(request, &points, a, current, summary, env),
+        Some(a) => cx.rebuild(a, current, &|| summary(whole_now())),
     };
-    let anchor = if rebuilt.is_some() {
-        current
-    } else {
-        anchor.unwrap_or(current)
+    let anchor = match (rebuilt, anchor) {
+        (None, Some(a)) => a,
+        _ => current,
     };
     memo.value(points[current].digest ^ STATE_SEED, || anchor);
-    let remember = Some(PrefixState {
-        anchor: points[anchor].len,
-        as_of: points[current].len,
-        digest: points[current].digest,
-    });
-    let whole_tokens = whole.report.tokens_after;
     let previous_tokens = current.checked_sub(1).map(|k| {
         let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
         env.counter.messages(&request.messages[..points[k].len]) + env.counter.tools(tools)
     });
     let mut rewrite = if anchor == current {
-        let mut rewrite = whole;
-        // The next request appends to it.
-        memo.rewrite(points[current].digest ^ REWRITE_SEED, || rewrite.clone());
+        let mut rewrite = Rewrite::clone(whole_now());
+        let summary = summary(&rewrite);
+        memo.value(points[current].digest ^ WHOLE_SEED, || summary);
         rewrite.report.prefix = Some(PrefixReport {
             anchor_messages: points[current].len,
             appended_messages: 0,
             rebuilt,
-            whole_tokens,
+            whole_tokens: Some(rewrite.report.tokens_after),
             previous_tokens,
         });
         rewrite
@@ -185,41 +183,94 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             anchor_messages: points[anchor].len,
             appended_messages: points[current].len - points[anchor].len,
             rebuilt: None,
-            whole_tokens,
+            whole_tokens: whole.get().map(|w| w.report.tokens_after),
             previous_tokens,
         });
         rewrite
     };
-    rewrite.remember = remember;
+    rewrite.remember = Some(PrefixState {
+        anchor: points[anchor].len,
+        as_of: points[current].len,
+        digest: points[current].digest,
+    });
     rewrite
 }
 
-/// Whether the point `k` rebuilds its rewrite whole instead of appending to the anchor `a`'s.
-fn rebuild(
-    request: &ChatRequest,
-    points: &[Point],
-    a: usize,
-    k: usize,
-    whole: Whole,
-    env: &Env<'_>,
-) -> Option<Rebuilt> {
-    let anchored = whole_at(request, points, a, env);
-    if whole.tools != anchored.tools {
-        return Some(Rebuilt::ToolsChanged);
+/// What every decision of one request reads.
+struct Decide<'a> {
+    request: &'a ChatRequest,
+    points: &'a [Point],
+    env: &'a Env<'a>,
+    /// The tools stage sends the client's block as it is: the tools never change.
+    tools_fixed: bool,
+    /// The reinforcement reminder may start at some point.
+    reminder_possible: bool,
+}
+
+/// Tokens a whole rewrite may save below the sum of its parts' own counts (a system message's
+/// sections joined to its text can merge a token or two at the seam).
+const FLOOR_SLACK: usize = 16;
+
+impl Decide<'_> {
+    /// Whether the point `k` rebuilds its rewrite whole instead of appending to the anchor
+    /// `a`'s; `whole_k` makes the whole rewrite's summary, only when the floor leaves it open.
+    fn rebuild(&self, a: usize, k: usize, whole_k: &dyn Fn() -> Whole) -> Option<Rebuilt> {
+        let (request, points, env) = (self.request, self.points, self.env);
+        let anchored = whole_at(request, points, a, env);
+        let appended = anchored.tokens
+            + request.messages[points[a].len..points[k].len]
+                .iter()
+                .map(|m| appended_tokens(m, env))
+                .sum::<usize>();
+        let threshold = env.config.clear_at_least_tokens;
+        let budget_on = env.config.budget.enabled;
+        if self.tools_fixed && !self.reminder_possible {
+            // The whole rewrite is never smaller than what no step cuts: when that floor leaves
+            // less than the threshold to remove, and the budget cannot be met by rebuilding
+            // either, the answer is known without making it.
+            let floor = self.floor(points[k].len);
+            let may_pay = appended >= floor + threshold;
+            let may_fit = budget_on && appended > env.budget && floor <= env.budget;
+            if !may_pay && !may_fit {
+                return None;
+            }
+        }
+        let whole = whole_k();
+        if whole.tools != anchored.tools {
+            return Some(Rebuilt::ToolsChanged);
+        }
+        if whole.reminder && !anchored.reminder {
+            return Some(Rebuilt::ReminderStarted);
+        }
+        if appended >= whole.tokens + threshold {
+            return Some(Rebuilt::Pays);
+        }
+        let over = budget_on && appended > env.budget;
+        (over && whole.fits).then_some(Rebuilt::Budget)
     }
-    if whole.reminder && !anchored.reminder {
-        return Some(Rebuilt::ReminderStarted);
+
+    /// A lower bound of the whole rewrite of the first `len` messages: the tools (sent as they
+    /// are), the first system message (verbatim) and the working set (in the form a whole
+    /// rewrite keeps it, which is the appended form), less `FLOOR_SLACK`.
+    fn floor(&self, len: usize) -> usize {
+        let env = self.env;
+        let messages = &self.request.messages[..len];
+        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        let system = messages
+            .iter()
+            .find(|m| matches!(m.role, Role::System | Role::Developer))
+            .map_or(0, |m| env.counter.message(m));
+        let working_set = WorkingSet::of(messages, env.config.window.recent_tool_steps);
+        let kept: usize = messages
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| {
+                working_set.contains(*i) && !matches!(m.role, Role::System | Role::Developer)
+            })
+            .map(|(_, m)| appended_tokens(m, env))
+            .sum();
+        (env.counter.tools(tools) + system + kept).saturating_sub(FLOOR_SLACK)
     }
-    let appended: usize = request.messages[points[a].len..points[k].len]
-        .iter()
-        .map(|m| appended_tokens(m, env))
-        .sum();
-    let appended = anchored.tokens + appended;
-    if appended >= whole.tokens + env.config.clear_at_least_tokens {
-        return Some(Rebuilt::Pays);
-    }
-    let over = env.config.budget.enabled && appended > env.budget;
-    (over && whole.fits).then_some(Rebuilt::Budget)
 }
 
 /// The requests of a conversation its history shows: before each assistant message that
@@ -258,10 +309,12 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
         serde_json::to_string(env.config),
         serde_json::to_string(&env.config.tools),
         serde_json::to_string(&env.reinforcement),
-        serde_json::to_string(&request.tools),
         serde_json::to_string(&request.tool_choice),
     ] {
         part.unwrap_or_default().hash(&mut hasher);
+    }
+    for tool in request.tools.get().into_iter().flatten() {
+        hash_tool(tool, &mut hasher);
     }
     hasher.finish()
 }
@@ -400,6 +453,7 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guards::ReinforcementConfig;
     use crate::pipeline::{Memo, PipelineConfig, run};
     use crate::synthetic;
     use crate::tokens::{Encoding, TokenCounter};
@@ -485,10 +539,9 @@ mod tests {
                     assert_eq!(sent.tools, before.tools);
                     assert!(sent.messages.starts_with(&before.messages));
                     // Rebuilding would not have paid, and the budget is not what it breaks.
-                    assert!(
-                        rewrite.report.tokens_after
-                            < prefix.whole_tokens + config.clear_at_least_tokens
-                    );
+                    assert!(prefix.whole_tokens.is_none_or(|whole| {
+                        rewrite.report.tokens_after < whole + config.clear_at_least_tokens
+                    }));
                 }
                 (Some(Rebuilt::Pays), _) => paid += 1,
                 (Some(Rebuilt::First), None) => {}
@@ -571,6 +624,42 @@ mod tests {
         });
         let ignored = run(current, &env(&config, &counter, &Memo::default(), wrong));
         assert_eq!(ignored.request, last);
+    }
+
+    #[test]
+    fn the_floor_never_changes_a_decision() {
+        // A reinforcement config that never adds its reminder turns the floor's shortcut off.
+        let never = ReinforcementConfig {
+            enabled: true,
+            after_messages: usize::MAX,
+            text: "unused".into(),
+        };
+        let requests = requests(40);
+        for budget in [2_000, 4_000, 1_000_000] {
+            let config = PipelineConfig::default();
+            let counter = TokenCounter::new(Encoding::O200kBase);
+            let (fast, slow) = (Memo::default(), Memo::default());
+            for request in &requests {
+                let shortcut = run(
+                    request,
+                    &Env {
+                        budget,
+                        ..env(&config, &counter, &fast, None)
+                    },
+                );
+                let full = run(
+                    request,
+                    &Env {
+                        budget,
+                        reinforcement: Some(&never),
+                        ..env(&config, &counter, &slow, None)
+                    },
+                );
+                assert_eq!(shortcut.request, full.request, "budget {budget}");
+                let rebuilt = |r: &Rewrite| r.report.prefix.as_ref().and_then(|p| p.rebuilt);
+                assert_eq!(rebuilt(&shortcut), rebuilt(&full));
+            }
+        }
     }
 
     #[test]

@@ -174,20 +174,13 @@ impl Stage for ToolsStage {
         let Some(tools) = request.tools.get().filter(|t| !t.is_empty()) else {
             return StageOutput::unchanged(json!({"offered": 0}));
         };
-        // "required", or a choice among allowed tools: the client demands a tool call, and
-        // only the client knows which tools may answer it.
-        if let Some(choice) = request.tool_choice.get()
-            && (choice.as_str() == Some("required")
-                || choice.get("type").and_then(Value::as_str) == Some("allowed_tools"))
-        {
+        if let Some(choice) = demanded_call(request) {
             return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
                 "reason": Reason::Protected.as_str(), "tool_choice": choice}));
         }
         let config = &cx.config.tools;
-        // A small block is sent whole: filtering it saves less than one growth of the block
-        // costs where the provider caches prompts (a growth re-bills the whole prompt).
         let tool_tokens = cx.counter.tools(tools);
-        if tool_tokens < config.min_tool_tokens {
+        if is_small_block(tool_tokens, config) {
             return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
                 "reason": Reason::SmallBlock.as_str(), "tool_tokens": tool_tokens}));
         }
@@ -316,6 +309,35 @@ impl Stage for ToolsStage {
             details,
         }
     }
+}
+
+/// A `tool_choice` of "required", or a choice among allowed tools: the client demands a tool
+/// call, and only the client knows which tools may answer it.
+fn demanded_call(request: &ChatRequest) -> Option<&Value> {
+    request.tool_choice.get().filter(|choice| {
+        choice.as_str() == Some("required")
+            || choice.get("type").and_then(Value::as_str) == Some("allowed_tools")
+    })
+}
+
+/// A small block is sent whole: filtering it saves less than one growth of the block costs
+/// where the provider caches prompts (a growth re-bills the whole prompt).
+fn is_small_block(tool_tokens: usize, config: &super::config::ToolsConfig) -> bool {
+    tool_tokens < config.min_tool_tokens
+}
+
+/// Whether the stage sends the client's tools as they are, whatever the messages say: filtering
+/// off, no tools, a demanded call, or a small block. Then a conversation's tools never change.
+pub fn sends_block_whole(
+    request: &ChatRequest,
+    config: &super::PipelineConfig,
+    counter: &crate::tokens::TokenCounter,
+) -> bool {
+    let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
+    !config.tools.enabled
+        || tools.is_empty()
+        || demanded_call(request).is_some()
+        || is_small_block(counter.tools(tools), &config.tools)
 }
 
 /// The categories scores for the last user message of `messages` (with the assistant text it
