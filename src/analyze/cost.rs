@@ -62,6 +62,9 @@ pub struct CostReport {
     /// start with the previous rewrite, by the first stage that changed it (`budget` when the
     /// stages' first pass kept the prefix and the budget's retries did not).
     pub prefix_changed_by: std::collections::BTreeMap<String, u64>,
+    /// Rewrites rebuilt whole (a recompaction), by why (`pipeline/prefix.rs`); the others were
+    /// appended to the conversation's previous rewrite.
+    pub rebuilt: std::collections::BTreeMap<String, u64>,
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -240,6 +243,13 @@ pub fn cost(
         if !rewrite.report.fits {
             report.over_budget += 1;
         }
+        if let Some(reason) = rewrite.report.prefix.as_ref().and_then(|p| p.rebuilt) {
+            let name = serde_json::to_value(reason)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            *report.rebuilt.entry(name).or_default() += 1;
+        }
         let sent = if rewrite.changed() {
             serde_json::to_value(&rewrite.request).unwrap_or(Value::Null)
         } else {
@@ -366,6 +376,19 @@ impl CostReport {
                 .collect();
             out.push_str(&format!(
                 "rewrites that do not extend the previous one (the client's did), by the first stage that changed it: {}\n",
+                by.join(", ")
+            ));
+        }
+        if !self.rebuilt.is_empty() {
+            let total: u64 = self.rebuilt.values().sum();
+            let by: Vec<String> = self
+                .rebuilt
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect();
+            out.push_str(&format!(
+                "rewrites rebuilt whole: {total} of {} ({}); the others appended to the conversation's previous rewrite\n",
+                self.requests,
                 by.join(", ")
             ));
         }
