@@ -1,6 +1,7 @@
 //! The pipeline through the running proxy: the mock upstream receives the rewritten request,
-//! the headers carry the counts, `observe` forwards the original, `off` does nothing, and an
-//! over-budget request is refused with the counts.
+//! the headers carry the counts, `observe` forwards the original, `off` does nothing, an
+//! over-budget request is refused with the counts, and a second replica appends to a
+//! conversation where the first left off (prefix state in Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -257,4 +258,93 @@ async fn savings_are_counted_in_metrics() {
         before - after
     );
     assert!(metrics.contains("ctxproxy_pipeline_duration_seconds_count 1"));
+}
+
+/// Prefix stability across replicas: replica A serves a conversation request by request and
+/// remembers in Redis where its rewrite was last rebuilt; replica B, which never saw the
+/// conversation, serves the next request: it sends what A would have sent, appended to what A
+/// sent before.
+#[tokio::test]
+async fn a_second_replica_appends_where_the_first_left_off() {
+    let mock = start_mock(MockOptions::default()).await;
+    let prefix = common::unique_prefix("prefix-state");
+    let env = vec![("CTXPROXY_STORE_KEY_PREFIX".to_owned(), prefix.clone())];
+    let toml = format!("[upstream]\nbase_url = \"{}\"\n", mock.base_url());
+    let a = common::start_proxy_with_env(&toml, env.clone()).await;
+    let b = common::start_proxy_with_env(&toml, env).await;
+
+    // The requests a client sent: before each assistant message that follows a user turn.
+    let full = serde_json::to_value(ctxproxy::synthetic::conversation(12).unwrap()).unwrap();
+    let messages = full["messages"].as_array().unwrap();
+    let mut lens: Vec<usize> = (2..messages.len())
+        .filter(|&i| messages[i]["role"] == "assistant" && messages[i - 1]["role"] != "assistant")
+        .collect();
+    lens.push(messages.len());
+    let request = |len: usize| {
+        let mut body = full.clone();
+        body["messages"] = Value::Array(messages[..len].to_vec());
+        body
+    };
+    // No budget pressure: appending is what the threshold decides.
+    let headers = [
+        ("x-conversation-id", "replicas-1"),
+        ("x-ctxproxy-budget", "1000000"),
+    ];
+    let sent_by = |answer: &Value| answer["mock_echo"]["body"].clone();
+    let mut previous = Value::Null;
+    for &len in &lens[..lens.len() - 1] {
+        let response = send(&a.url("/v1/chat/completions"), &request(len), &headers).await;
+        assert_eq!(response.status(), 200);
+        previous = sent_by(&response.json().await.unwrap());
+    }
+
+    // What A remembered: as of its last request.
+    let mut redis = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}prefix:*"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let stored: String = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let stored: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(stored["as_of"], lens[lens.len() - 2]);
+
+    // B serves the next request; A explains it.
+    let last = request(messages.len());
+    let response = send(&b.url("/v1/chat/completions"), &last, &headers).await;
+    assert_eq!(response.status(), 200);
+    let sent = sent_by(&response.json().await.unwrap());
+    let explained: Value = client()
+        .post(a.url("/v1/ctxproxy/explain"))
+        .header("x-conversation-id", "replicas-1")
+        .header("x-ctxproxy-budget", "1000000")
+        .json(&last)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sent, explained["request"]);
+    assert!(
+        explained["prefix"]["rebuilt"].is_null(),
+        "{}",
+        explained["prefix"]
+    );
+    assert!(explained["prefix"]["appended_messages"].as_u64().unwrap() > 1);
+    assert_eq!(sent["tools"], previous["tools"]);
+    let (now, before) = (
+        sent["messages"].as_array().unwrap(),
+        previous["messages"].as_array().unwrap(),
+    );
+    assert_eq!(&now[..before.len()], &before[..]);
 }
