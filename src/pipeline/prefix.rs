@@ -103,7 +103,13 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     if env.config.clear_at_least_tokens == 0 {
         return super::whole(request, env);
     }
-    let points = points(&request.messages, settings(request, env));
+    let mut points = points(&request.messages, settings(request, env));
+    if let [only] = points.as_mut_slice() {
+        // With no earlier point, the store's sticky categories are an input too.
+        let mut hasher = FixedState::with_seed(only.digest).build_hasher();
+        env.sticky_categories.hash(&mut hasher);
+        only.digest = hasher.finish();
+    }
     let current = points.len() - 1;
     let memo = env.memo;
     let cx = Decide {
@@ -660,6 +666,35 @@ mod tests {
                 assert_eq!(rebuilt(&shortcut), rebuilt(&full));
             }
         }
+    }
+
+    #[test]
+    fn a_first_request_reads_the_stored_sticky_categories() {
+        let mut config = PipelineConfig::default();
+        config.tools.min_tool_tokens = 0;
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let request: ChatRequest = serde_json::from_value(serde_json::json!({
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "and tomorrow?"}],
+            "tools": [
+                {"type": "function", "function": {"name": "weather_forecast", "description": "Weather forecast for a city."}},
+                {"type": "function", "function": {"name": "email_send", "description": "Send an email message."}}
+            ]
+        }))
+        .unwrap();
+        let sticky = vec!["weather".to_owned()];
+        let with = run(
+            &request,
+            &Env {
+                sticky_categories: &sticky,
+                ..env(&config, &counter, &memo, None)
+            },
+        );
+        assert_eq!(tool_names(&with.request), ["weather_forecast"]);
+        // The same request of another conversation, with nothing stored: not the memo's answer.
+        let without = run(&request, &env(&config, &counter, &memo, None));
+        assert!(tool_names(&without.request).is_empty());
     }
 
     #[test]
