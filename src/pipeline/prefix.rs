@@ -106,9 +106,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let mut points = points(&request.messages, settings(request, env));
     if let [only] = points.as_mut_slice() {
         // With no earlier point, the store's sticky categories are an input too.
-        let mut hasher = FixedState::with_seed(only.digest).build_hasher();
-        env.sticky_categories.hash(&mut hasher);
-        only.digest = hasher.finish();
+        only.digest = FixedState::with_seed(only.digest).hash_one(env.sticky_categories);
     }
     let current = points.len() - 1;
     let memo = env.memo;
