@@ -323,17 +323,7 @@ async fn a_second_replica_appends_where_the_first_left_off() {
     let response = send(&b.url("/v1/chat/completions"), &last, &headers).await;
     assert_eq!(response.status(), 200);
     let sent = sent_by(&response.json().await.unwrap());
-    let explained: Value = client()
-        .post(a.url("/v1/ctxproxy/explain"))
-        .header("x-conversation-id", "replicas-1")
-        .header("x-ctxproxy-budget", "1000000")
-        .json(&last)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = a.explain(&last, &headers).await;
     assert_eq!(sent, explained["request"]);
     assert!(
         explained["prefix"]["rebuilt"].is_null(),

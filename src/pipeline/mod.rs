@@ -256,26 +256,45 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         tokens_after = tokens;
         best = Cow::Owned(reminded);
     }
-    let budget = env.budget;
-    let fits = tokens_after <= budget;
-    let request = best.into_owned();
-    let over_budget = if fits || !config.budget.enabled {
-        None
-    } else {
-        Floor::of(&request, config.window.recent_tool_steps, counter).over(budget, tokens_after)
-    };
-    Rewrite {
-        request,
-        report: PipelineReport {
-            tokens_before,
-            tokens_after,
-            stages,
-            budget,
-            fits,
-            over_budget,
-            prefix: None,
-        },
-        remember: None,
+    Rewrite::held_to(
+        best.into_owned(),
+        (tokens_before, tokens_after),
+        stages,
+        env.budget,
+        env,
+    )
+}
+
+impl Rewrite {
+    /// The rewrite `request`, with its stage reports and token counts (before, after), held
+    /// to `budget`: whether it fits, and when not, which part of the floor is over.
+    fn held_to(
+        request: ChatRequest,
+        (tokens_before, tokens_after): (usize, usize),
+        stages: Vec<StageReport>,
+        budget: usize,
+        env: &Env<'_>,
+    ) -> Rewrite {
+        let fits = tokens_after <= budget;
+        let over_budget = if fits || !env.config.budget.enabled {
+            None
+        } else {
+            Floor::of(&request, env.config.window.recent_tool_steps, env.counter)
+                .over(budget, tokens_after)
+        };
+        Rewrite {
+            request,
+            report: PipelineReport {
+                tokens_before,
+                tokens_after,
+                stages,
+                budget,
+                fits,
+                over_budget,
+                prefix: None,
+            },
+            remember: None,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use foldhash::quality::FixedState;
 use serde::{Deserialize, Serialize};
 
 use super::working_set::WorkingSet;
-use super::{Env, Floor, PipelineReport, Rewrite, StageReport, compact, tools, with_messages};
+use super::{Env, Rewrite, StageReport, compact, tools, with_messages};
 use crate::openai::{ChatRequest, Message, Role};
 use crate::tokens::{hash_message, hash_tool};
 
@@ -432,26 +432,13 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
     });
     let tokens_before = anchor.tokens_before + before;
     let tokens_after = anchor.tokens_after + after;
-    let budget = anchor.budget;
-    let fits = tokens_after <= budget;
-    let over_budget = if fits || !env.config.budget.enabled {
-        None
-    } else {
-        Floor::of(&sent, env.config.window.recent_tool_steps, counter).over(budget, tokens_after)
-    };
-    Rewrite {
-        request: sent,
-        report: PipelineReport {
-            tokens_before,
-            tokens_after,
-            stages,
-            budget,
-            fits,
-            over_budget,
-            prefix: None,
-        },
-        remember: None,
-    }
+    Rewrite::held_to(
+        sent,
+        (tokens_before, tokens_after),
+        stages,
+        anchor.budget,
+        env,
+    )
 }
 
 #[cfg(test)]
