@@ -1,9 +1,11 @@
 //! The whole rewriting pipeline on synthetic agent conversations: the proxy overhead a chat
 //! request pays (targets: 20 turns ~30 KB under 200 µs, 100 turns ~200 KB under 1 ms).
 //!
-//! Three cache states: `next_turn` is the steady state of a running proxy (the conversation's
+//! Four cache states: `next_turn` is the steady state of a running proxy (the conversation's
 //! previous request was rewritten, this one adds a turn); `repeat` is the same request again;
-//! `cold` is a conversation the proxy never saw (fresh token-count cache and summary memo).
+//! `cold` is a conversation the process never saw (fresh token-count cache and memo), decided
+//! from its history alone; `cold_remembered` is the same with the state the store remembers
+//! after the previous request (a replica that did not serve the conversation, with Redis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -13,7 +15,16 @@ use ctxproxy::synthetic;
 use ctxproxy::tokens::{Encoding, TokenCounter};
 
 fn rewrite(request: &ChatRequest, config: &PipelineConfig, caches: &(TokenCounter, Memo)) {
-    let rewrite = pipeline::run(
+    std::hint::black_box(rewrite_from(request, config, caches, None));
+}
+
+fn rewrite_from(
+    request: &ChatRequest,
+    config: &PipelineConfig,
+    caches: &(TokenCounter, Memo),
+    remembered: Option<pipeline::PrefixState>,
+) -> pipeline::Rewrite {
+    pipeline::run(
         std::hint::black_box(request),
         &pipeline::Env {
             config,
@@ -22,10 +33,9 @@ fn rewrite(request: &ChatRequest, config: &PipelineConfig, caches: &(TokenCounte
             budget: config.budget.max_tokens,
             sticky_categories: &[],
             reinforcement: None,
-            remembered: None,
+            remembered,
         },
-    );
-    std::hint::black_box(rewrite);
+    )
 }
 
 fn fresh_caches() -> (TokenCounter, Memo) {
@@ -59,6 +69,20 @@ fn whole_pipeline(c: &mut Criterion) {
         rewrite(&request, &config, &warm);
         group.bench_function(format!("repeat_{name}"), |b| {
             b.iter(|| rewrite(&request, &config, &warm))
+        });
+        // The agent's last request before this one (the tool result's), as the store holds it.
+        let mut before = request.clone();
+        before.messages.truncate(request.messages.len() - 2);
+        let remembered = rewrite_from(&before, &config, &fresh_caches(), None).remember;
+        group.bench_function(format!("cold_remembered_{name}"), |b| {
+            b.iter_batched(
+                fresh_caches,
+                |caches| {
+                    std::hint::black_box(rewrite_from(&request, &config, &caches, remembered));
+                    caches
+                },
+                BatchSize::PerIteration,
+            )
         });
         group.bench_function(format!("cold_{name}"), |b| {
             b.iter_batched(
