@@ -18,8 +18,10 @@ use super::tools::catalog::Catalog;
 const CAPACITY: usize = 50_000;
 /// Tool catalogs kept (one per distinct tool list a deployment's clients send).
 const CATALOG_CAPACITY: usize = 1_024;
-/// Whole rewrites kept (one per conversation between its recompactions; tens of KB each).
+/// Whole rewrites kept (one per conversation between its recompactions), and their bytes at
+/// most (the map is cleared past either).
 const REWRITE_CAPACITY: usize = 1_024;
+const REWRITE_BYTES: usize = 256 * 1024 * 1024;
 
 #[derive(Default)]
 pub struct Memo {
@@ -28,7 +30,14 @@ pub struct Memo {
     skeletons: Mutex<HashMap<u64, Option<Arc<serde_json::Value>>>>,
     catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
     values: Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>,
-    rewrites: Mutex<HashMap<u64, Arc<super::Rewrite>>>,
+    rewrites: Mutex<Rewrites>,
+}
+
+/// The rewrites kept, and about how many bytes they hold.
+#[derive(Default)]
+struct Rewrites {
+    map: HashMap<u64, Arc<super::Rewrite>>,
+    bytes: usize,
 }
 
 impl Memo {
@@ -77,13 +86,52 @@ impl Memo {
 
     /// The whole rewrite for `key`, made on a miss.
     pub fn rewrite(&self, key: u64, make: impl FnOnce() -> super::Rewrite) -> Arc<super::Rewrite> {
-        cached(&self.rewrites, REWRITE_CAPACITY, key, || Arc::new(make()))
+        if let Some(hit) = self.peek_rewrite(key) {
+            return hit;
+        }
+        let rewrite = Arc::new(make());
+        let bytes = approximate_bytes(&rewrite.request);
+        if let Ok(mut kept) = self.rewrites.lock() {
+            if kept.map.len() >= REWRITE_CAPACITY || kept.bytes + bytes > REWRITE_BYTES {
+                kept.map.clear();
+                kept.bytes = 0;
+            }
+            if bytes <= REWRITE_BYTES {
+                kept.map.insert(key, rewrite.clone());
+                kept.bytes += bytes;
+            }
+        }
+        rewrite
+    }
+
+    /// The whole rewrite for `key`, if it was kept.
+    pub fn peek_rewrite(&self, key: u64) -> Option<Arc<super::Rewrite>> {
+        self.rewrites
+            .lock()
+            .ok()
+            .and_then(|kept| kept.map.get(&key).cloned())
     }
 
     /// The catalog for `key`, built by `make` on a miss.
     pub fn catalog(&self, key: u64, make: impl FnOnce() -> Catalog) -> Arc<Catalog> {
         cached(&self.catalogs, CATALOG_CAPACITY, key, || Arc::new(make()))
     }
+}
+
+/// About how many bytes a request holds: its texts, tool-call arguments and tool definitions.
+fn approximate_bytes(request: &crate::openai::ChatRequest) -> usize {
+    let message = |m: &crate::openai::Message| {
+        m.content.get().map_or(0, |c| c.text().len())
+            + m.tool_calls()
+                .iter()
+                .map(|c| c.function.arguments.len() + 64)
+                .sum::<usize>()
+            + 64
+    };
+    let tools = request.tools.get().map_or(0, |tools| {
+        serde_json::to_string(tools).map_or(0, |t| t.len())
+    });
+    request.messages.iter().map(message).sum::<usize>() + tools
 }
 
 /// The value for `key` in `map`, made on a miss; the map is cleared when it reaches `capacity`.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::working_set::WorkingSet;
 use super::{Env, Rewrite, StageReport, compact, tools, with_messages};
 use crate::openai::{ChatRequest, Message, Role};
-use crate::tokens::{hash_message, hash_tool};
+use crate::tokens::hash_message;
 
 /// What the store remembers of a conversation: as of the request that sent its first `as_of`
 /// messages (whose history and settings hash to `digest`), the rewrite was last rebuilt whole
@@ -50,6 +50,9 @@ pub enum Rebuilt {
     ReminderStarted,
     /// Appending would go over the budget, and the whole rewrite fits it.
     Budget,
+    /// Nothing was memoized or remembered of a conversation with more than `MAX_REPLAY`
+    /// earlier requests: rebuilt rather than replayed (a bound on a cold replica's work).
+    LongHistory,
 }
 
 /// How a request's rewrite relates to the conversation's earlier ones.
@@ -88,6 +91,9 @@ struct Whole {
     fits: bool,
 }
 
+/// Earlier requests replayed at most, when nothing is known of a conversation.
+const MAX_REPLAY: usize = 256;
+
 /// Seeds of the memo keys and digests of this module; bump `VERSION` when the decision rule
 /// changes, so that remembered states of an older rule are not resumed from.
 const VERSION: u64 = 1;
@@ -103,7 +109,8 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     if env.config.clear_at_least_tokens == 0 {
         return super::whole(request, env);
     }
-    let mut points = points(&request.messages, settings(request, env));
+    let settings = settings(request, env);
+    let mut points = points(&request.messages, settings);
     if let [only] = points.as_mut_slice() {
         // With no earlier point, the store's sticky categories are an input too.
         only.digest = FixedState::with_seed(only.digest).hash_one(env.sticky_categories);
@@ -114,6 +121,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         request,
         points: &points,
         env,
+        settings,
         tools_fixed: tools::sends_block_whole(request, env.config, env.counter),
         reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
     };
@@ -138,6 +146,11 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         }
     }
 
+    let mut long_history = false;
+    if anchor.is_none() && current > MAX_REPLAY {
+        long_history = true;
+        from = current;
+    }
     // The earlier points since then, each decided as it was when it was the last request.
     for k in from..current {
         let decided = match anchor {
@@ -156,6 +169,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let whole = std::cell::OnceCell::new();
     let whole_now = || whole.get_or_init(|| rewrite_at(request, &points, current, env));
     let rebuilt = match anchor {
+        None if long_history => Some(Rebuilt::LongHistory),
         None => Some(Rebuilt::First),
         Some(a) => cx.rebuild(a, current, &|| summary(whole_now())),
     };
@@ -192,6 +206,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         });
         rewrite
     };
+    rewrite.request = sent_as(request, rewrite.request);
     rewrite.remember = Some(PrefixState {
         anchor: points[anchor].len,
         as_of: points[current].len,
@@ -200,11 +215,28 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     rewrite
 }
 
+/// The request sent: what the pipeline rewrites (messages, tools, `tool_choice`) from the
+/// rewrite, everything else (model, stream, sampling, response format…) from the client's
+/// request. A memoized rewrite was made by an earlier request with the same messages, whose
+/// other fields may differ.
+fn sent_as(current: &ChatRequest, rewritten: ChatRequest) -> ChatRequest {
+    let mut sent = with_messages(std::borrow::Cow::Borrowed(current), rewritten.messages);
+    if rewritten.tools.is_absent() && !current.tools.is_absent() {
+        tools::without_tools(&mut sent);
+    } else {
+        sent.tools = rewritten.tools;
+        sent.tool_choice = rewritten.tool_choice;
+    }
+    sent
+}
+
 /// What every decision of one request reads.
 struct Decide<'a> {
     request: &'a ChatRequest,
     points: &'a [Point],
     env: &'a Env<'a>,
+    /// The digest of the request's settings (`settings`).
+    settings: u64,
     /// The tools stage sends the client's block as it is: the tools never change.
     tools_fixed: bool,
     /// The reinforcement reminder may start at some point.
@@ -224,7 +256,7 @@ impl Decide<'_> {
         let appended = anchored.tokens
             + request.messages[points[a].len..points[k].len]
                 .iter()
-                .map(|m| appended_tokens(m, env))
+                .map(|m| appended_tokens(m, self.settings, env))
                 .sum::<usize>();
         let threshold = env.config.clear_at_least_tokens;
         let budget_on = env.config.budget.enabled;
@@ -233,7 +265,7 @@ impl Decide<'_> {
             // less than the threshold to remove, and the budget cannot be met by rebuilding
             // either, the answer is known without making it.
             let floor = self.floor(points[k].len);
-            let may_pay = appended >= floor + threshold;
+            let may_pay = appended >= floor.saturating_add(threshold);
             let may_fit = budget_on && appended > env.budget && floor <= env.budget;
             if !may_pay && !may_fit {
                 return None;
@@ -246,7 +278,7 @@ impl Decide<'_> {
         if whole.reminder && !anchored.reminder {
             return Some(Rebuilt::ReminderStarted);
         }
-        if appended >= whole.tokens + threshold {
+        if appended >= whole.tokens.saturating_add(threshold) {
             return Some(Rebuilt::Pays);
         }
         let over = budget_on && appended > env.budget;
@@ -271,7 +303,7 @@ impl Decide<'_> {
             .filter(|(i, m)| {
                 working_set.contains(*i) && !matches!(m.role, Role::System | Role::Developer)
             })
-            .map(|(_, m)| appended_tokens(m, env))
+            .map(|(_, m)| appended_tokens(m, self.settings, env))
             .sum();
         (env.counter.tools(tools) + system + kept).saturating_sub(FLOOR_SLACK)
     }
@@ -293,13 +325,37 @@ fn points(messages: &[Message], settings: u64) -> Vec<Point> {
             });
         }
         seen_user |= message.role == Role::User;
-        hash_message(message, &mut hasher);
+        hash_exactly(message, &mut hasher);
     }
     points.push(Point {
         len: messages.len(),
         digest: hasher.finish(),
     });
     points
+}
+
+/// Feeds everything of a message to `hasher`: what `hash_message` reads, and the fields a
+/// rewrite copies without reading (ids of tool calls, fields ctxproxy does not know), since a
+/// memoized rewrite is reused by any request whose points hash the same.
+fn hash_exactly(message: &Message, hasher: &mut impl Hasher) {
+    hash_message(message, hasher);
+    let extra = |extra: &crate::openai::Extra, hasher: &mut _| {
+        if !extra.is_empty() {
+            serde_json::to_string(extra)
+                .unwrap_or_default()
+                .hash(hasher);
+        }
+    };
+    extra(&message.extra, hasher);
+    for call in message.tool_calls() {
+        (&call.id, &call.kind).hash(hasher);
+        extra(&call.extra, hasher);
+    }
+    if let Some(crate::openai::Content::Parts(parts)) = message.content.get() {
+        for part in parts.iter().filter(|p| p.text.get().is_some()) {
+            extra(&part.extra, hasher);
+        }
+    }
 }
 
 /// Everything a rewrite depends on besides the messages: the request's other fields that the
@@ -314,11 +370,9 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
         serde_json::to_string(&env.config.tools),
         serde_json::to_string(&env.reinforcement),
         serde_json::to_string(&request.tool_choice),
+        serde_json::to_string(&request.tools),
     ] {
         part.unwrap_or_default().hash(&mut hasher);
-    }
-    for tool in request.tools.get().into_iter().flatten() {
-        hash_tool(tool, &mut hasher);
     }
     hasher.finish()
 }
@@ -352,20 +406,30 @@ fn env_at<'b>(
     }
 }
 
-/// What the decisions read of the whole rewrite at point `k`, memoized.
+/// What the decisions read of the whole rewrite at point `k`, memoized (the rewrite itself is
+/// kept only for a point that a request appends to: `rewrite_at`).
 fn whole_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Whole {
     *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
-        summary(&rewrite_at(request, points, k, env))
+        let known = env.memo.peek_rewrite(points[k].digest ^ REWRITE_SEED);
+        match known {
+            Some(rewrite) => summary(&rewrite),
+            None => summary(&whole_of(request, points, k, env)),
+        }
     })
 }
 
 /// The whole rewrite at point `k`, memoized (the rewrite a conversation appends to).
 fn rewrite_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Arc<Rewrite> {
     env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
-        let truncated = request_at(request, points[k]);
-        let mut sticky = Vec::new();
-        super::whole(&truncated, &env_at(request, points, k, env, &mut sticky))
+        whole_of(request, points, k, env)
     })
+}
+
+/// The whole rewrite of the request as it was at point `k`.
+fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Rewrite {
+    let truncated = request_at(request, points[k]);
+    let mut sticky = Vec::new();
+    super::whole(&truncated, &env_at(request, points, k, env, &mut sticky))
 }
 
 fn summary(rewrite: &Rewrite) -> Whole {
@@ -382,10 +446,9 @@ fn summary(rewrite: &Rewrite) -> Whole {
     }
 }
 
-/// The tokens of a message as it is appended, memoized by its content.
-fn appended_tokens(message: &Message, env: &Env<'_>) -> usize {
-    let mut hasher = FixedState::with_seed(APPENDED_SEED).build_hasher();
-    env.counter.encoding().hash(&mut hasher);
+/// The tokens of a message as it is appended, memoized by its content and the settings.
+fn appended_tokens(message: &Message, settings: u64, env: &Env<'_>) -> usize {
+    let mut hasher = FixedState::with_seed(APPENDED_SEED ^ settings).build_hasher();
     hash_message(message, &mut hasher);
     *env.memo.value(hasher.finish(), || {
         compact::appended(message, env.config, env.counter)
@@ -680,6 +743,79 @@ mod tests {
         // The same request of another conversation, with nothing stored: not the memo's answer.
         let without = run(&request, &env(&config, &counter, &memo, None));
         assert!(tool_names(&without.request).is_empty());
+    }
+
+    #[test]
+    fn a_memoized_rewrite_sends_the_clients_own_fields() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let mut first = synthetic::conversation(8).unwrap();
+        first.stream = crate::openai::Nullable::Value(true);
+        let mut second = synthetic::conversation(8).unwrap();
+        second.model = "gpt-4.1".into();
+        second
+            .extra
+            .insert("temperature".into(), serde_json::json!(0.7));
+        let one = run(&first, &env(&config, &counter, &memo, None));
+        let two = run(&second, &env(&config, &counter, &memo, None));
+        // The same messages: the same rewrite of them, each request's own other fields.
+        assert_eq!(one.request.messages, two.request.messages);
+        assert_eq!(two.request.model, "gpt-4.1");
+        assert!(two.request.stream.is_absent());
+        assert_eq!(two.request.extra["temperature"], serde_json::json!(0.7));
+        assert_eq!(one.request.extra["temperature"], serde_json::json!(0));
+
+        // Another conversation whose tool calls carry other ids is not another's rewrite.
+        let mut other = synthetic::conversation(8).unwrap();
+        for message in &mut other.messages {
+            if let crate::openai::Nullable::Value(calls) = &mut message.tool_calls {
+                calls.iter_mut().for_each(|c| c.id = format!("x{}", c.id));
+            }
+            if let crate::openai::Nullable::Value(id) = &mut message.tool_call_id {
+                *id = format!("x{id}");
+            }
+        }
+        let three = run(&other, &env(&config, &counter, &memo, None));
+        let ids = |r: &ChatRequest| -> Vec<String> {
+            r.messages
+                .iter()
+                .flat_map(|m| m.tool_calls().iter().map(|c| c.id.clone()))
+                .collect()
+        };
+        assert!(!ids(&three.request).is_empty());
+        assert!(ids(&three.request).iter().all(|id| id.starts_with('x')));
+    }
+
+    #[test]
+    fn a_long_history_nothing_is_known_of_is_rebuilt_not_replayed() {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+        for turn in 0..=MAX_REPLAY + 4 {
+            messages
+                .push(serde_json::json!({"role": "user", "content": format!("Question {turn}?")}));
+            messages.push(
+                serde_json::json!({"role": "assistant", "content": format!("Answer {turn}.")}),
+            );
+        }
+        messages.push(serde_json::json!({"role": "user", "content": "And the last one?"}));
+        let request: ChatRequest =
+            serde_json::from_value(serde_json::json!({"model": "gpt-4o", "messages": messages}))
+                .unwrap();
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let cold = run(&request, &env(&config, &counter, &Memo::default(), None));
+        let prefix = cold.report.prefix.unwrap();
+        assert_eq!(prefix.rebuilt, Some(Rebuilt::LongHistory));
+        // With the state the store remembers of the request before, it is replayed from there.
+        let mut before = request.clone();
+        before.messages.truncate(request.messages.len() - 2);
+        let memo = Memo::default();
+        let stored = run(&before, &env(&config, &counter, &memo, None)).remember;
+        let resumed = run(&request, &env(&config, &counter, &Memo::default(), stored));
+        assert_ne!(
+            resumed.report.prefix.and_then(|p| p.rebuilt),
+            Some(Rebuilt::LongHistory)
+        );
     }
 
     #[test]
