@@ -3,6 +3,13 @@
 
 use crate::pipeline::text::normalize;
 
+/// How a flagged answer says so: a response header (or, in a stream, an SSE comment) with
+/// [`ACTION_CLAIMED`] as its value.
+pub const X_CTXPROXY_WARNING: &str = "x-ctxproxy-warning";
+/// The header of an answer replaced by a retry that called a tool.
+pub const X_CTXPROXY_REPAIRED: &str = "x-ctxproxy-repaired";
+pub const ACTION_CLAIMED: &str = "action-claimed-without-tool-call";
+
 fn words(text: &str) -> Vec<String> {
     normalize(text)
         .split(|c: char| !c.is_alphanumeric())

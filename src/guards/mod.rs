@@ -1,12 +1,14 @@
-//! Agent guards (seed 003, phase 2): answers cut at `max_tokens` are continued and merged
-//! ([`continuation`]), long conversations get a reminder at the end of the system message
-//! (applied by the pipeline, see `pipeline::run`), and answers that claim an action without a
-//! tool call are flagged and optionally retried ([`claims`]). All three are off by default and
-//! set globally or per route ([`Guards`]). This module holds the pure parts; the calls they
-//! need live in `server::guarded`.
+//! Agent guards: answers cut at `max_tokens` are continued and merged ([`continuation`]), long
+//! conversations get a reminder at the end of the system message (applied by the pipeline, see
+//! `pipeline::run`), and answers that claim an action without a tool call are flagged and
+//! optionally retried ([`claims`]). All three are off by default and set globally or per route
+//! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
+//! and the stream rewriter ([`stream`]); the calls they need live in `server::guarded`.
 
 pub mod claims;
 pub mod config;
 pub mod continuation;
+pub mod json;
+pub mod stream;
 
 pub use config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
