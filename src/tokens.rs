@@ -148,7 +148,11 @@ impl Tokenizers {
 
     /// The counter for a model, unless the route forces an encoding.
     pub fn for_model(&self, model: &str, forced: Option<Encoding>) -> &TokenCounter {
-        match forced.unwrap_or_else(|| Encoding::for_model(model)) {
+        self.for_encoding(forced.unwrap_or_else(|| Encoding::for_model(model)))
+    }
+
+    pub fn for_encoding(&self, encoding: Encoding) -> &TokenCounter {
+        match encoding {
             Encoding::O200kBase => &self.o200k,
             Encoding::Cl100kBase => &self.cl100k,
         }

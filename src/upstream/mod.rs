@@ -43,6 +43,8 @@ impl Upstreams {
     }
 }
 
+/// One upstream: its config and pooled client (a clone shares the pool).
+#[derive(Clone)]
 pub struct Upstream {
     pub config: UpstreamConfig,
     client: HttpClient,
