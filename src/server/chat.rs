@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::cached::{self, CacheWrite, Lookup, X_CTXPROXY_CACHE};
-use super::guarded::{self, Flags, GuardCall};
+use super::guarded::{self, Flags, GuardCall, Sent};
 use super::meter::{self, ResponseMeter};
 use super::prefix_state;
 use super::scope;
@@ -275,25 +275,20 @@ async fn serve(
     };
     let uri = upstream.uri(&suffix)?;
     // The agent guards ask again with what was sent (optimize mode only).
-    let guards = &upstream.config.guards;
-    let tools_offered = chat.tools.get().is_some_and(|t| !t.is_empty());
-    let guarded = mode == Mode::Optimize
-        && (guards.continuation.enabled || (guards.action_check.enabled && tools_offered));
-    let guard = guarded.then(|| GuardCall {
-        state: state.clone(),
-        model: chat.model.clone(),
-        uri: uri.clone(),
-        headers: headers.clone(),
-        sent: body.clone(),
-        budget: state.config.pipeline.budget.enabled.then(|| {
-            budget_of(&parts.headers, state.config.pipeline.budget.max_tokens)
-                .unwrap_or(state.config.pipeline.budget.max_tokens)
-        }),
-        tools_offered,
-        client_tools: (tools_offered && guards.action_check.enabled && guards.action_check.retry)
-            .then(|| chat.tools.get().and_then(|t| serde_json::to_value(t).ok()))
-            .flatten(),
-    });
+    let guard = (mode == Mode::Optimize)
+        .then(|| {
+            let sent = Sent {
+                uri: &uri,
+                headers: &headers,
+                body: &body,
+            };
+            let budget = state.config.pipeline.budget.enabled.then(|| {
+                budget_of(&parts.headers, state.config.pipeline.budget.max_tokens)
+                    .unwrap_or(state.config.pipeline.budget.max_tokens)
+            });
+            GuardCall::new(&state, upstream, &chat, sent, budget)
+        })
+        .flatten();
     let sent = Instant::now();
     let answer = upstream
         .send(

@@ -1,0 +1,119 @@
+//! A JSON answer guarded: read whole, continued while it was cut, checked for a claimed action
+//! and retried when asked to. The decisions are `guards::json`'s; this sends and reads.
+
+use axum::body::Body;
+use axum::http::{Response, header};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
+
+use super::{Flags, GuardCall, MAX_JSON_BYTES};
+use crate::error::ProxyError;
+use crate::guards::continuation::retry_body;
+use crate::guards::json::{self, Appended};
+use crate::upstream::UpstreamResponse;
+
+pub(super) async fn guard_json(
+    call: &GuardCall,
+    answer: UpstreamResponse,
+) -> Result<(UpstreamResponse, Flags), ProxyError> {
+    let UpstreamResponse {
+        response,
+        started,
+        deadline,
+    } = answer;
+    let (mut parts, body) = response.into_parts();
+    let upstream = &call.upstream.config;
+    let read = Limited::new(body, MAX_JSON_BYTES).collect();
+    let bytes = tokio::time::timeout_at(deadline, read)
+        .await
+        .map_err(|_| ProxyError::UpstreamTimeout {
+            upstream: upstream.name.clone(),
+            phase: "total",
+            timeout_ms: (deadline - started).as_millis(),
+        })?
+        .map_err(|e| ProxyError::UpstreamUnreachable {
+            upstream: upstream.name.clone(),
+            reason: format!("cannot read the answer: {e}"),
+        })?
+        .to_bytes();
+    // The answer is in memory: the relay's deadline restarts (continuations took their time).
+    let rebuilt = |parts: axum::http::response::Parts, bytes: Bytes| UpstreamResponse {
+        response: Response::from_parts(parts, Body::from(bytes)),
+        started,
+        deadline: tokio::time::Instant::now() + upstream.total_timeout,
+    };
+    let Ok(mut completion) = serde_json::from_slice::<Value>(&bytes) else {
+        return Ok((rebuilt(parts, bytes), Flags::default()));
+    };
+    let guards = call.guards();
+    let mut changed = false;
+    if guards.continuation.enabled && json::is_cut(&completion) {
+        let outcome = continue_json(call, &mut completion).await;
+        call.count_continuation(outcome);
+        changed = true;
+    }
+    let mut flags = Flags::default();
+    let check = &guards.action_check;
+    if check.enabled
+        && call.tools_offered
+        && let Some(claim) = json::claim(&completion, &check.patterns)
+    {
+        flags.claimed_without_tool_call = true;
+        if check.retry {
+            let body = retry_body(
+                &call.sent,
+                claim,
+                &check.retry_note,
+                call.client_tools.as_ref(),
+            );
+            let retry = match body {
+                Some(body) => call.send_json(body).await,
+                None => None,
+            };
+            match retry.filter(json::calls_a_tool) {
+                Some(retry) => {
+                    completion = json::repaired(&completion, retry);
+                    changed = true;
+                    flags.repaired = true;
+                    call.count_claim("repaired");
+                }
+                None => call.count_claim("failed"),
+            }
+        } else {
+            call.count_claim("off");
+        }
+    }
+    if !changed {
+        return Ok((rebuilt(parts, bytes), flags));
+    }
+    let bytes = serde_json::to_vec(&completion)
+        .map(Bytes::from)
+        .unwrap_or(bytes);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok((rebuilt(parts, bytes), flags))
+}
+
+/// Asks for the rest of `completion` until it ends by itself, merging each part in; returns the
+/// outcome.
+async fn continue_json(call: &GuardCall, completion: &mut Value) -> &'static str {
+    let config = &call.guards().continuation;
+    for _ in 0..config.max_attempts {
+        let Some(body) = json::continuation_request(completion, &call.sent, &config.instruction)
+        else {
+            return "error";
+        };
+        if !call.within_budget(&body) {
+            return "budget";
+        }
+        let Some(next) = call.send_json(body).await else {
+            return "error";
+        };
+        match json::append(completion, &next) {
+            Appended::NotText => return "error",
+            Appended::Finished => return "completed",
+            Appended::CutAgain => {}
+        }
+    }
+    "max_attempts"
+}

@@ -1,0 +1,195 @@
+//! The agent guards that call the upstream again (see `guards`): an answer cut at the length
+//! limit is continued and merged into one answer, JSON or stream; an answer that claims an
+//! action without a tool call is counted, flagged and optionally retried. Both sit between the
+//! upstream's answer and the relay, so the caches, the usage meter and the recording see the
+//! answer the client gets. The decisions are `guards::json` and `guards::stream`; this module
+//! only sends the requests they ask for and pumps the bytes.
+
+mod json;
+mod stream;
+
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
+
+use super::SharedState;
+use crate::error::ProxyError;
+use crate::guards::Guards;
+use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
+use crate::openai::ChatRequest;
+use crate::tokens::Encoding;
+use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
+
+/// The largest JSON answer read to guard it; a larger one is relayed unguarded.
+const MAX_JSON_BYTES: usize = 16 * 1024 * 1024;
+
+/// What the guards need to ask the upstream again, as the first request was sent: the route
+/// and its guards, resolved once.
+pub struct GuardCall {
+    state: SharedState,
+    /// The route's upstream (a clone shares its connection pool); its config holds the guards.
+    upstream: Upstream,
+    uri: Uri,
+    headers: HeaderMap,
+    sent: Bytes,
+    budget: Option<Budget>,
+    tools_offered: bool,
+    /// The client's tools, for a retry (only when retries are on).
+    client_tools: Option<Value>,
+}
+
+/// The request as it was sent upstream.
+pub struct Sent<'a> {
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+}
+
+/// The request's token budget, and the encoding its continuation requests are counted in.
+struct Budget {
+    max_tokens: usize,
+    encoding: Encoding,
+}
+
+/// What the guards did to a JSON answer, for the response headers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Flags {
+    pub claimed_without_tool_call: bool,
+    pub repaired: bool,
+}
+
+impl Flags {
+    pub fn apply(self, headers: &mut HeaderMap) {
+        if self.repaired {
+            headers.insert(
+                X_CTXPROXY_REPAIRED,
+                HeaderValue::from_static(ACTION_CLAIMED),
+            );
+        } else if self.claimed_without_tool_call {
+            headers.insert(X_CTXPROXY_WARNING, HeaderValue::from_static(ACTION_CLAIMED));
+        }
+    }
+}
+
+impl GuardCall {
+    /// The guards of `upstream` over its answer to `chat`, sent as `sent`; `budget`: the
+    /// request's token budget, when the budget applies to it. `None` when no guard watches the
+    /// answer (all off, or only the action check and no tools offered).
+    pub fn new(
+        state: &SharedState,
+        upstream: &Upstream,
+        chat: &ChatRequest,
+        sent: Sent<'_>,
+        budget: Option<usize>,
+    ) -> Option<GuardCall> {
+        let guards = &upstream.config.guards;
+        let tools = chat.tools.get().filter(|t| !t.is_empty());
+        let tools_offered = tools.is_some();
+        let check = &guards.action_check;
+        let watched = guards.continuation.enabled || (check.enabled && tools_offered);
+        if !watched {
+            return None;
+        }
+        let encoding = state
+            .tokenizers
+            .for_model(&chat.model, upstream.config.tokenizer)
+            .encoding();
+        Some(GuardCall {
+            state: state.clone(),
+            upstream: upstream.clone(),
+            uri: sent.uri.clone(),
+            headers: sent.headers.clone(),
+            sent: sent.body.clone(),
+            budget: budget.map(|max_tokens| Budget {
+                max_tokens,
+                encoding,
+            }),
+            tools_offered,
+            client_tools: tools
+                .filter(|_| check.enabled && check.retry)
+                .and_then(|t| serde_json::to_value(t).ok()),
+        })
+    }
+
+    fn guards(&self) -> &Guards {
+        &self.upstream.config.guards
+    }
+
+    async fn send(&self, body: Vec<u8>) -> Option<UpstreamResponse> {
+        let mut headers = self.headers.clone();
+        headers.remove(header::CONTENT_LENGTH);
+        let answer = self
+            .upstream
+            .send(
+                Method::POST,
+                self.uri.clone(),
+                headers,
+                OutgoingBody::Buffered(Bytes::from(body)),
+                &self.state.metrics,
+            )
+            .await
+            .ok()?;
+        answer.response.status().is_success().then_some(answer)
+    }
+
+    async fn send_json(&self, body: Vec<u8>) -> Option<Value> {
+        let answer = self.send(body).await?;
+        let read = Limited::new(answer.response.into_body(), MAX_JSON_BYTES).collect();
+        let bytes = tokio::time::timeout_at(answer.deadline, read)
+            .await
+            .ok()?
+            .ok()?
+            .to_bytes();
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Whether a continuation request stays within the request's budget.
+    fn within_budget(&self, body: &[u8]) -> bool {
+        let Some(budget) = &self.budget else {
+            return true;
+        };
+        let counter = self.state.tokenizers.for_encoding(budget.encoding);
+        ChatRequest::parse(body).is_ok_and(|request| counter.request(&request) <= budget.max_tokens)
+    }
+
+    fn count_continuation(&self, outcome: &str) {
+        self.state
+            .metrics
+            .continuations
+            .with_label_values(&[outcome])
+            .inc();
+    }
+
+    fn count_claim(&self, repair: &str) {
+        self.state
+            .metrics
+            .action_claims
+            .with_label_values(&[repair])
+            .inc();
+    }
+}
+
+/// Guards a successful answer: JSON answers are read whole and rewritten when needed; streams
+/// are passed through a task that continues them in place.
+pub async fn guard(
+    call: GuardCall,
+    answer: UpstreamResponse,
+) -> Result<(UpstreamResponse, Flags), ProxyError> {
+    if !answer.response.status().is_success() {
+        return Ok((answer, Flags::default()));
+    }
+    if is_event_stream(answer.response.headers()) {
+        return Ok((stream::guard_stream(call, answer), Flags::default()));
+    }
+    let too_large = answer
+        .response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|len| len > MAX_JSON_BYTES);
+    if too_large {
+        return Ok((answer, Flags::default()));
+    }
+    json::guard_json(&call, answer).await
+}
