@@ -5,7 +5,7 @@
 
 use ctxproxy::openai::{ChatRequest, Role};
 use ctxproxy::pipeline::working_set::WorkingSet;
-use ctxproxy::pipeline::{self, Memo, OverPart, PipelineConfig, Rewrite};
+use ctxproxy::pipeline::{self, Memo, OverPart, PipelineConfig, Rewrite, StageDetails};
 use ctxproxy::synthetic;
 use ctxproxy::tokens::{Encoding, TokenCounter};
 
@@ -48,7 +48,10 @@ fn the_answered_proposal_and_the_reply_survive_every_budget_step() {
         }
         assert_eq!(sent.last(), Some(last_user), "budget {budget}");
         if let Some(budget_stage) = rewrite.report.stages.iter().find(|s| s.stage == "budget") {
-            steps_seen.insert(budget_stage.details["steps"].as_array().unwrap().len());
+            let StageDetails::Budget(details) = &budget_stage.details else {
+                panic!("budget details: {:?}", budget_stage.details)
+            };
+            steps_seen.insert(details.steps.len());
         }
     }
     // The budgets walk the ladder, down to its last step.

@@ -261,7 +261,7 @@ pub fn cost(
             .into_iter()
             .map(|(name, r)| {
                 let value = serde_json::to_value(&r).unwrap_or(Value::Null);
-                (name, render_prompt(&value))
+                (name.as_str(), render_prompt(&value))
             })
             .collect();
         if let Some(stage) = previous.changed_by(

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::openai::{ChatRequest, Message, Role};
-use crate::pipeline::{OverPart, Rewrite};
+use crate::pipeline::{OverPart, Rewrite, StageName};
 
 /// What the model answered to a recorded request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -187,7 +187,7 @@ pub struct Loss {
     pub role: Option<String>,
     pub from_end: Option<i64>,
     /// The first stage whose output lacks it (`budget` when the first pass kept it).
-    pub stage: &'static str,
+    pub stage: StageName,
 }
 
 /// Fidelity totals over some requests.
@@ -250,7 +250,7 @@ impl Fidelity {
         original: &ChatRequest,
         rewrite: &Rewrite,
         answer: Option<&Answer>,
-        snapshots: &dyn Fn() -> Vec<(&'static str, ChatRequest)>,
+        snapshots: &dyn Fn() -> Vec<(StageName, ChatRequest)>,
     ) {
         let report = &rewrite.report;
         self.requests += 1;
@@ -302,7 +302,7 @@ impl Fidelity {
         if lost.is_empty() {
             return;
         }
-        let snapshots: Vec<(&'static str, String)> = snapshots()
+        let snapshots: Vec<(StageName, String)> = snapshots()
             .into_iter()
             .map(|(stage, request)| (stage, serde_json::to_string(&request).unwrap_or_default()))
             .collect();
@@ -313,7 +313,7 @@ impl Fidelity {
             let stage = snapshots
                 .iter()
                 .find(|(_, text)| !text.contains(id.as_str()))
-                .map_or("budget", |(stage, _)| *stage);
+                .map_or(StageName::Budget, |(stage, _)| *stage);
             self.losses.push(Loss {
                 index,
                 id: id.clone(),

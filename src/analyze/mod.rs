@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::openai::{ChatRequest, Role};
-use crate::pipeline;
+use crate::pipeline::{self, StageName};
 use crate::tokens::Tokenizers;
 
 #[derive(Debug, Default, Serialize)]
@@ -239,10 +239,8 @@ pub fn analyze(
                         .collect(),
                     last_user_message: request.last_user_text().chars().take(200).collect(),
                     classifier: report
-                        .stages
-                        .iter()
-                        .find(|s| s.stage == "tools")
-                        .map(|s| s.details.clone())
+                        .stage(StageName::Tools)
+                        .and_then(|s| serde_json::to_value(&s.details).ok())
                         .unwrap_or_default(),
                 });
             }
@@ -259,13 +257,16 @@ pub fn analyze(
             tools.tool_tokens_after_10_plus += tokens(&rewrite.request);
         }
         for stage in &report.stages {
-            let totals = analysis.stages.entry(stage.stage.to_owned()).or_default();
+            let totals = analysis
+                .stages
+                .entry(stage.stage.as_str().to_owned())
+                .or_default();
             totals.applied += u64::from(stage.applied);
         }
         for (stage, saved) in report.savings_by_stage() {
             analysis
                 .stages
-                .entry(stage.to_owned())
+                .entry(stage.as_str().to_owned())
                 .or_default()
                 .tokens_saved += saved as u64;
         }

@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 use super::Guards;
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
+use crate::metrics::ContinuationOutcome;
 use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
 
 /// What to do with a piece of a part's body.
@@ -42,7 +43,7 @@ pub enum Next {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Finish {
     pub cut: Option<Bytes>,
-    pub continuation: Option<&'static str>,
+    pub continuation: Option<ContinuationOutcome>,
     pub claim: Option<Bytes>,
     pub tail: Vec<Bytes>,
 }
@@ -172,7 +173,7 @@ impl<'a> StreamRewriter<'a> {
 
     /// The next part could not be had (after [`Next::Continue`]): the cut answer ends as the
     /// upstream ended it; `outcome` is counted.
-    pub fn give_up(&mut self, outcome: &'static str) -> Finish {
+    pub fn give_up(&mut self, outcome: ContinuationOutcome) -> Finish {
         let cut = self.cut.take();
         self.finish(cut, Some(outcome))
     }
@@ -181,7 +182,7 @@ impl<'a> StreamRewriter<'a> {
         let continuation = &self.guards.continuation;
         match self.part.held.take() {
             Some(held) if self.part.index >= continuation.max_attempts => {
-                Next::Done(self.finish(Some(held), Some("max_attempts")))
+                Next::Done(self.finish(Some(held), Some(ContinuationOutcome::MaxAttempts)))
             }
             Some(held) => {
                 match continuation_body(self.sent, &self.said, &continuation.instruction) {
@@ -189,22 +190,22 @@ impl<'a> StreamRewriter<'a> {
                         self.cut = Some(held);
                         Next::Continue(request)
                     }
-                    None => Next::Done(self.finish(Some(held), Some("error"))),
+                    None => Next::Done(self.finish(Some(held), Some(ContinuationOutcome::Error))),
                 }
             }
             None if self.part.finished => {
-                let outcome = (self.part.index > 0).then_some("completed");
+                let outcome = (self.part.index > 0).then_some(ContinuationOutcome::Completed);
                 Next::Done(self.finish(None, outcome))
             }
             // A continuation that ended without a finish: the cut answer stands.
             None => match self.last_cut.take() {
-                Some(held) => Next::Done(self.finish(Some(held), Some("error"))),
+                Some(held) => Next::Done(self.finish(Some(held), Some(ContinuationOutcome::Error))),
                 None => Next::Done(self.finish(None, None)),
             },
         }
     }
 
-    fn finish(&mut self, cut: Option<Value>, continuation: Option<&'static str>) -> Finish {
+    fn finish(&mut self, cut: Option<Value>, continuation: Option<ContinuationOutcome>) -> Finish {
         let patterns = &self.guards.action_check.patterns;
         let claimed = self.check_claims
             && !self.tool_calls
@@ -511,12 +512,17 @@ mod tests {
         client: String,
         /// The continuation requests asked for.
         requests: Vec<Value>,
-        continuation: Option<&'static str>,
+        continuation: Option<ContinuationOutcome>,
     }
 
     /// Relays `parts` as the upstream's answer and its continuations (each part pushed in
     /// small pieces); a continuation asked for after the last part fails with `refused`.
-    fn run(guards: &Guards, tools_offered: bool, parts: &[String], refused: &'static str) -> Run {
+    fn run(
+        guards: &Guards,
+        tools_offered: bool,
+        parts: &[String],
+        refused: ContinuationOutcome,
+    ) -> Run {
         let mut rewriter = StreamRewriter::new(guards, tools_offered, SENT, 1 << 20);
         let mut client = Vec::new();
         let mut requests = Vec::new();
@@ -568,7 +574,12 @@ mod tests {
             DONE.to_owned(),
         ]
         .concat();
-        let run = run(&continuing(3), false, std::slice::from_ref(&part), "error");
+        let run = run(
+            &continuing(3),
+            false,
+            std::slice::from_ref(&part),
+            ContinuationOutcome::Error,
+        );
         // The usage chunk is rebuilt from the head: here the same bytes.
         assert_eq!(run.client, part);
         assert!(run.requests.is_empty());
@@ -596,7 +607,7 @@ mod tests {
             ]
             .concat(),
         ];
-        let run = run(&continuing(3), false, &parts, "error");
+        let run = run(&continuing(3), false, &parts, ContinuationOutcome::Error);
         let expected = [
             role(1),
             text(1, "The quick brown"),
@@ -609,7 +620,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(run.client, expected);
-        assert_eq!(run.continuation, Some("completed"));
+        assert_eq!(run.continuation, Some(ContinuationOutcome::Completed));
         let [request] = run.requests.as_slice() else {
             panic!("{:?}", run.requests);
         };
@@ -643,7 +654,7 @@ mod tests {
             ]
             .concat(),
         ];
-        let run = run(&continuing(3), false, &parts, "error");
+        let run = run(&continuing(3), false, &parts, ContinuationOutcome::Error);
         let expected = [
             text(1, "and watched the ships"),
             out(r#"{"content":" sail"}"#, "null"),
@@ -652,7 +663,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(run.client, expected);
-        assert_eq!(run.continuation, Some("completed"));
+        assert_eq!(run.continuation, Some(ContinuationOutcome::Completed));
         let said: Vec<&Value> = run
             .requests
             .iter()
@@ -677,7 +688,12 @@ mod tests {
             DONE.to_owned(),
         ]
         .concat();
-        let run = run(&continuing(3), false, std::slice::from_ref(&part), "budget");
+        let run = run(
+            &continuing(3),
+            false,
+            std::slice::from_ref(&part),
+            ContinuationOutcome::Budget,
+        );
         let expected = [
             role(1),
             text(1, "The quick brown"),
@@ -688,7 +704,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(run.client, expected);
-        assert_eq!(run.continuation, Some("budget"));
+        assert_eq!(run.continuation, Some(ContinuationOutcome::Budget));
         assert_eq!(run.requests.len(), 1);
     }
 
@@ -698,7 +714,7 @@ mod tests {
             [text(1, "One two"), chunk(1, json!({}), Some("length"))].concat(),
             [text(2, " three four"), chunk(2, json!({}), Some("length"))].concat(),
         ];
-        let run = run(&continuing(1), false, &parts, "error");
+        let run = run(&continuing(1), false, &parts, ContinuationOutcome::Error);
         let expected = [
             text(1, "One two"),
             out(r#"{"content":" three four"}"#, "null"),
@@ -706,7 +722,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(run.client, expected);
-        assert_eq!(run.continuation, Some("max_attempts"));
+        assert_eq!(run.continuation, Some(ContinuationOutcome::MaxAttempts));
         assert_eq!(run.requests.len(), 1);
     }
 
@@ -723,7 +739,7 @@ mod tests {
             .concat(),
             [text(2, " fox"), error.to_owned()].concat(),
         ];
-        let run = run(&continuing(3), false, &parts, "error");
+        let run = run(&continuing(3), false, &parts, ContinuationOutcome::Error);
         let expected = [
             text(1, "The quick brown"),
             out(r#"{"content":" fox"}"#, "null"),
@@ -734,7 +750,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(run.client, expected);
-        assert_eq!(run.continuation, Some("error"));
+        assert_eq!(run.continuation, Some(ContinuationOutcome::Error));
     }
 
     #[test]
@@ -780,10 +796,20 @@ mod tests {
             DONE.to_owned(),
         ]
         .concat();
-        let claimed = run(&guards, true, std::slice::from_ref(&claim), "error");
+        let claimed = run(
+            &guards,
+            true,
+            std::slice::from_ref(&claim),
+            ContinuationOutcome::Error,
+        );
         assert_eq!(claimed.client, flagged);
         // Without tools offered, or with a tool call, nothing is said.
-        let no_tools = run(&guards, false, std::slice::from_ref(&claim), "error");
+        let no_tools = run(
+            &guards,
+            false,
+            std::slice::from_ref(&claim),
+            ContinuationOutcome::Error,
+        );
         assert_eq!(no_tools.client, claim);
         let called = [
             text(1, "Done!"),
@@ -791,7 +817,12 @@ mod tests {
             chunk(1, json!({}), Some("tool_calls")),
         ]
         .concat();
-        let with_call = run(&guards, true, std::slice::from_ref(&called), "error");
+        let with_call = run(
+            &guards,
+            true,
+            std::slice::from_ref(&called),
+            ContinuationOutcome::Error,
+        );
         assert_eq!(with_call.client, called);
     }
 

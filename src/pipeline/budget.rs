@@ -9,10 +9,10 @@
 //! part is over; the caller's policy forwards it flagged (default) or rejects it.
 
 use serde::Serialize;
-use serde_json::json;
 
+use super::report::{BudgetDetails, StageDetails, StageName, StageReport};
 use super::working_set::WorkingSet;
-use super::{Params, PipelineConfig, StageReport};
+use super::{Params, PipelineConfig};
 use crate::openai::{ChatRequest, Role};
 use crate::tokens::TokenCounter;
 
@@ -177,11 +177,15 @@ pub fn fit(
     };
     let names: Vec<&str> = STEPS[..steps].iter().map(|(name, _)| *name).collect();
     let report = StageReport {
-        stage: "budget",
+        stage: StageName::Budget,
         tokens_before,
         tokens_after,
         applied: tokens_after < tokens_before,
-        details: json!({"budget": budget, "steps": names, "fits": tokens_after <= budget}),
+        details: StageDetails::Budget(BudgetDetails {
+            budget,
+            steps: names,
+            fits: tokens_after <= budget,
+        }),
     };
     (request, report)
 }

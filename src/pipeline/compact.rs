@@ -6,11 +6,12 @@
 
 use std::collections::HashSet;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::identifiers::{
     call_label, json_identifiers, parse_json, render_labelled_once, scalar_identifier,
 };
+use super::report::{CompactDetails, StageDetails, StageName};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
@@ -25,8 +26,8 @@ const STUB_CHARS: usize = 100;
 const MAX_OMITTED_IDS: usize = 20;
 
 impl Stage for CompactStage {
-    fn name(&self) -> &'static str {
-        "compact"
+    fn name(&self) -> StageName {
+        StageName::Compact
     }
 
     fn enabled(&self, config: &super::PipelineConfig) -> bool {
@@ -123,7 +124,11 @@ impl Stage for CompactStage {
         StageOutput {
             messages,
             tools: None,
-            details: json!({"cleared": cleared, "json_compacted": json_compacted, "text_compacted": text_compacted}),
+            details: StageDetails::Compact(CompactDetails {
+                cleared,
+                json_compacted,
+                text_compacted,
+            }),
         }
     }
 }
@@ -613,6 +618,8 @@ fn distinct(ids: Vec<String>, max: usize) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::pipeline::{Params, PipelineConfig};
     use crate::tokens::Encoding;
@@ -771,6 +778,8 @@ mod tests {
 
 #[cfg(test)]
 mod working_set_tests {
+    use serde_json::json;
+
     use super::*;
     use crate::pipeline::{Params, PipelineConfig};
     use crate::tokens::Encoding;

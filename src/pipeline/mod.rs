@@ -12,6 +12,7 @@ pub(crate) mod identifiers;
 mod memo;
 pub mod prefix;
 mod reinforcement;
+pub mod report;
 mod system;
 pub(crate) mod text;
 pub mod tools;
@@ -20,74 +21,15 @@ pub mod working_set;
 
 use std::borrow::Cow;
 
-use serde::Serialize;
-use serde_json::Value;
-
 pub use budget::{Floor, OverBudget, OverPart};
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 pub use prefix::{PrefixReport, PrefixState, Rebuilt};
+pub use report::{PipelineReport, StageDetails, StageName, StageReport};
 
 use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Message, Nullable, Tool};
 use crate::tokens::TokenCounter;
-
-/// What one stage did to one request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StageReport {
-    pub stage: &'static str,
-    pub tokens_before: usize,
-    pub tokens_after: usize,
-    /// False when the stage had nothing to do or its result was not smaller.
-    pub applied: bool,
-    pub details: Value,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PipelineReport {
-    pub tokens_before: usize,
-    pub tokens_after: usize,
-    pub stages: Vec<StageReport>,
-    /// The budget this request was held to, and whether the result fits in it.
-    pub budget: usize,
-    pub fits: bool,
-    /// When it does not fit: by how much, and which part of the floor is over.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub over_budget: Option<OverBudget>,
-    /// How the rewrite relates to the conversation's earlier ones (prefix stability).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<PrefixReport>,
-}
-
-impl PipelineReport {
-    /// Tokens saved by each stage, summing exactly to `tokens_before - tokens_after`: the few
-    /// tokens a structural stage may add are charged to the next stages that save.
-    pub fn savings_by_stage(&self) -> Vec<(&'static str, usize)> {
-        let mut debt = 0usize;
-        let mut savings = Vec::new();
-        for stage in self.stages.iter().filter(|s| s.applied) {
-            if stage.tokens_after > stage.tokens_before {
-                debt += stage.tokens_after - stage.tokens_before;
-                continue;
-            }
-            let saved = stage.tokens_before - stage.tokens_after;
-            let net = saved.saturating_sub(debt);
-            debt = debt.saturating_sub(saved);
-            if net > 0 {
-                savings.push((stage.stage, net));
-            }
-        }
-        // Tokens added after the last saving stage (the reinforcement reminder) are charged to
-        // the savers before it, latest first.
-        for (_, saved) in savings.iter_mut().rev() {
-            let charged = debt.min(*saved);
-            *saved -= charged;
-            debt -= charged;
-        }
-        savings.retain(|(_, saved)| *saved > 0);
-        savings
-    }
-}
 
 /// A rewritten request and how it was obtained.
 #[derive(Debug, Clone)]
@@ -163,11 +105,11 @@ pub struct StageOutput {
     pub messages: Option<Vec<Message>>,
     /// The tool definitions to send; an empty list removes tools (and `tool_choice`).
     pub tools: Option<Vec<Tool>>,
-    pub details: Value,
+    pub details: StageDetails,
 }
 
 impl StageOutput {
-    fn unchanged(details: Value) -> StageOutput {
+    fn unchanged(details: StageDetails) -> StageOutput {
         StageOutput {
             messages: None,
             tools: None,
@@ -179,7 +121,7 @@ impl StageOutput {
 /// One rewriting step: reads the request, returns what it would change. Stages borrow, so a
 /// stage with nothing to do costs no copy.
 pub trait Stage {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> StageName;
     fn enabled(&self, config: &PipelineConfig) -> bool;
     fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput;
     /// A structural stage's change is kept even when it costs a few tokens (the pipeline as a
@@ -247,11 +189,13 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         system::append_reminder(&mut reminded, text);
         let tokens = counter.request(&reminded);
         stages.push(StageReport {
-            stage: "reinforcement",
+            stage: StageName::Reinforcement,
             tokens_before: tokens_after,
             tokens_after: tokens,
             applied: true,
-            details: serde_json::json!({"messages": reinforcement::conversation_length(request)}),
+            details: StageDetails::Reinforcement(report::ReinforcementDetails {
+                messages: reinforcement::conversation_length(request),
+            }),
         });
         tokens_after = tokens;
         best = Cow::Owned(reminded);
@@ -300,7 +244,7 @@ impl Rewrite {
 
 /// The request after each stage of a first pass (before the budget), to tell which stage
 /// removed something (`ctxproxy analyze --losses`).
-pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(&'static str, ChatRequest)> {
+pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, ChatRequest)> {
     let mut snapshots = Vec::new();
     run_stages_into(
         request,
@@ -323,7 +267,7 @@ fn run_stages_into<'a>(
     request: &'a ChatRequest,
     env: &Env<'_>,
     params: &Params,
-    mut snapshots: Option<&mut Vec<(&'static str, ChatRequest)>>,
+    mut snapshots: Option<&mut Vec<(StageName, ChatRequest)>>,
 ) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
     let (config, counter) = (env.config, env.counter);
     let cx = StageCx {

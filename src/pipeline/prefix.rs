@@ -21,8 +21,9 @@ use std::sync::Arc;
 use foldhash::quality::FixedState;
 use serde::{Deserialize, Serialize};
 
+use super::report::{AppendDetails, StageDetails, StageName, StageReport};
 use super::working_set::WorkingSet;
-use super::{Env, Rewrite, StageReport, compact, tools, with_messages};
+use super::{Env, Rewrite, compact, tools, with_messages};
 use crate::openai::{ChatRequest, Message, Role};
 use crate::tokens::hash_message;
 
@@ -441,7 +442,7 @@ fn summary(rewrite: &Rewrite) -> Whole {
             .report
             .stages
             .iter()
-            .any(|s| s.stage == "reinforcement"),
+            .any(|s| s.stage == StageName::Reinforcement),
         fits: rewrite.report.fits,
     }
 }
@@ -487,11 +488,14 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
         })
         .collect();
     stages.push(StageReport {
-        stage: "append",
+        stage: StageName::Append,
         tokens_before: anchor.tokens_after + before,
         tokens_after: anchor.tokens_after + after,
         applied: compacted > 0,
-        details: serde_json::json!({"appended": request.messages.len() - from, "compacted": compacted}),
+        details: StageDetails::Append(AppendDetails {
+            appended: request.messages.len() - from,
+            compacted,
+        }),
     });
     let tokens_before = anchor.tokens_before + before;
     let tokens_after = anchor.tokens_after + after;
@@ -845,6 +849,12 @@ mod tests {
         let rewrite = run(&request, &env(&config, &counter, &memo, None));
         assert_eq!(rewrite.report.prefix, None);
         assert_eq!(rewrite.remember, None);
-        assert!(rewrite.report.stages.iter().all(|s| s.stage != "append"));
+        assert!(
+            rewrite
+                .report
+                .stages
+                .iter()
+                .all(|s| s.stage != StageName::Append)
+        );
     }
 }

@@ -27,6 +27,7 @@ mod tests {
 
     use super::*;
     use crate::openai::Content;
+    use crate::pipeline::StageName;
     use crate::pipeline::{Env, Memo, PipelineConfig, run};
     use crate::tokens::{Encoding, TokenCounter};
 
@@ -78,7 +79,7 @@ mod tests {
         assert!(text.starts_with("You are a filing agent."), "{text}");
         assert!(text.ends_with("\n\nREMINDER: use the tools."), "{text}");
         let stage = long.report.stages.last().unwrap();
-        assert_eq!((stage.stage, stage.applied), ("reinforcement", true));
+        assert_eq!((stage.stage, stage.applied), (StageName::Reinforcement, true));
         assert!(stage.tokens_after > stage.tokens_before);
         assert_eq!(long.report.tokens_after, stage.tokens_after);
 

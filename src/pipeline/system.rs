@@ -2,8 +2,7 @@
 //! position 0 — the first verbatim, later ones after it in order, each in its own XML-tagged
 //! section; empty and exactly duplicated ones are dropped (seed 001 §2).
 
-use serde_json::json;
-
+use super::report::{StageDetails, StageName, SystemDetails};
 use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Role};
 
@@ -14,8 +13,8 @@ fn is_instruction(message: &Message) -> bool {
 }
 
 impl Stage for SystemStage {
-    fn name(&self) -> &'static str {
-        "system"
+    fn name(&self) -> StageName {
+        StageName::System
     }
 
     fn enabled(&self, config: &super::PipelineConfig) -> bool {
@@ -36,9 +35,7 @@ impl Stage for SystemStage {
             .count();
         let first_is_instruction = request.messages.first().is_some_and(is_instruction);
         if count == 0 || (count == 1 && first_is_instruction) {
-            return StageOutput::unchanged(
-                json!({"merged": 0, "dropped_empty": 0, "dropped_duplicate": 0}),
-            );
+            return StageOutput::unchanged(StageDetails::System(SystemDetails::default()));
         }
         let (instructions, rest): (Vec<&Message>, Vec<&Message>) =
             request.messages.iter().partition(|m| is_instruction(m));
@@ -86,7 +83,11 @@ impl Stage for SystemStage {
         StageOutput {
             messages: Some(messages),
             tools: None,
-            details: json!({"merged": merged, "dropped_empty": dropped_empty, "dropped_duplicate": dropped_duplicate}),
+            details: StageDetails::System(SystemDetails {
+                merged,
+                dropped_empty,
+                dropped_duplicate,
+            }),
         }
     }
 }

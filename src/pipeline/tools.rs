@@ -13,11 +13,12 @@ pub(crate) mod catalog;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub use catalog::Catalog;
 
 use super::config::OnNoMatch;
+use super::report::{CategoryScore, Classified, StageDetails, StageName, ToolsDetails};
 use super::text::content_words;
 use super::{Memo, Stage, StageCx, StageOutput};
 use crate::config::glob_match;
@@ -27,7 +28,8 @@ use catalog::tool_name;
 pub struct ToolsStage;
 
 /// Why the stage kept what it kept (also the metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     Match,
     Sticky,
@@ -40,6 +42,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::Match,
+        Reason::Sticky,
+        Reason::NoMatchDrop,
+        Reason::NoMatchKeep,
+        Reason::Protected,
+        Reason::SmallBlock,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Match => "match",
@@ -162,8 +173,8 @@ fn score(
 }
 
 impl Stage for ToolsStage {
-    fn name(&self) -> &'static str {
-        "tools"
+    fn name(&self) -> StageName {
+        StageName::Tools
     }
 
     fn enabled(&self, config: &super::PipelineConfig) -> bool {
@@ -172,17 +183,21 @@ impl Stage for ToolsStage {
 
     fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
         let Some(tools) = request.tools.get().filter(|t| !t.is_empty()) else {
-            return StageOutput::unchanged(json!({"offered": 0}));
+            return StageOutput::unchanged(StageDetails::Tools(ToolsDetails::offered(0)));
         };
         if let Some(choice) = demanded_call(request) {
-            return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
-                "reason": Reason::Protected.as_str(), "tool_choice": choice}));
+            return StageOutput::unchanged(StageDetails::Tools(ToolsDetails {
+                tool_choice: Some(choice.clone()),
+                ..ToolsDetails::all_sent(tools.len(), Reason::Protected)
+            }));
         }
         let config = &cx.config.tools;
         let tool_tokens = cx.counter.tools(tools);
         if is_small_block(tool_tokens, config) {
-            return StageOutput::unchanged(json!({"offered": tools.len(), "sent": tools.len(),
-                "reason": Reason::SmallBlock.as_str(), "tool_tokens": tool_tokens}));
+            return StageOutput::unchanged(StageDetails::Tools(ToolsDetails {
+                tool_tokens: Some(tool_tokens),
+                ..ToolsDetails::all_sent(tools.len(), Reason::SmallBlock)
+            }));
         }
         let catalog = Catalog::memoized(tools, config, cx.memo);
         // Scores read what the client sent; protection reads what is sent on (a call the
@@ -287,18 +302,24 @@ impl Stage for ToolsStage {
             .filter(|t| tool_name(t).is_none_or(|n| keep.contains(n)))
             .cloned()
             .collect();
-        let scored: BTreeMap<&String, Value> = scores
-            .iter()
-            .map(|(name, (s, words))| (name, json!({"score": s, "keywords": words})))
+        let scores = scores
+            .into_iter()
+            .map(|(name, (score, keywords))| (name, CategoryScore { score, keywords }))
             .collect();
-        let details = json!({
-            "offered": offered,
-            "sent": kept.len(),
-            "reason": reason.as_str(),
-            "categories": selected,
-            "scores": scored,
-            "sticky": cx.sticky_categories,
-            "protected": protected.iter().filter(|p| names.contains(&p.as_str())).collect::<BTreeSet<_>>(),
+        let protected: BTreeSet<String> = protected
+            .into_iter()
+            .filter(|p| names.contains(&p.as_str()))
+            .collect();
+        let details = StageDetails::Tools(ToolsDetails {
+            sent: Some(kept.len()),
+            reason: Some(reason),
+            classifier: Some(Classified {
+                categories: selected,
+                scores,
+                sticky: cx.sticky_categories.to_vec(),
+                protected: protected.into_iter().collect(),
+            }),
+            ..ToolsDetails::offered(offered)
         });
         if kept.len() == offered {
             return StageOutput::unchanged(details);
@@ -497,6 +518,8 @@ pub fn categories_of(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::pipeline::{Env, Memo, PipelineConfig, run};
     use crate::tokens::{Encoding, TokenCounter};

@@ -20,8 +20,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use foldhash::quality::FixedState;
 
-use serde_json::json;
-
+use super::report::{StageDetails, StageName, WindowDetails, WindowSummary, WindowTarget};
 use super::system::add_section;
 use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
@@ -32,8 +31,8 @@ use turns::{Turn, split_turns};
 pub struct WindowStage;
 
 impl Stage for WindowStage {
-    fn name(&self) -> &'static str {
-        "window"
+    fn name(&self) -> StageName {
+        StageName::Window
     }
 
     fn enabled(&self, config: &super::PipelineConfig) -> bool {
@@ -44,9 +43,13 @@ impl Stage for WindowStage {
         let (head, turns) = split_turns(&request.messages);
         let plan = plan_window(&turns, cx);
         if plan.start == 0 {
-            return StageOutput::unchanged(
-                json!({"turns": turns.len(), "verbatim_turns": turns.len(), "reason": plan.reason}),
-            );
+            return StageOutput::unchanged(StageDetails::Window(WindowDetails {
+                turns: turns.len(),
+                verbatim_turns: turns.len(),
+                target: None,
+                reason: plan.reason,
+                summary: None,
+            }));
         }
         let (older, window) = turns.split_at(plan.start);
         let segments = summary::count(older, cx);
@@ -161,19 +164,23 @@ impl Stage for WindowStage {
                 &format!("<user_facts>\n{}\n</user_facts>", facts.lines.join("\n")),
             );
         }
-        let details = json!({
-            "turns": turns.len(),
-            "verbatim_turns": window.len(),
-            "target_turns": plan.target,
-            "continuity": plan.continuity,
-            "topic_shift_at_turn": plan.topic_shift.map(|i| i + 1),
-            "reason": plan.reason,
-            "summarized_turns": older.len(),
-            "segments": segments,
-            "segments_kept": kept.len(),
-            "ledger_lines": ledger.first().map_or(0, |l| l.lines().count()),
-            "answered_kept": !answered.is_empty(),
-            "facts": facts.lines.len(),
+        let details = StageDetails::Window(WindowDetails {
+            turns: turns.len(),
+            verbatim_turns: window.len(),
+            target: Some(WindowTarget {
+                target_turns: plan.target,
+                continuity: plan.continuity,
+                topic_shift_at_turn: plan.topic_shift.map(|i| i + 1),
+            }),
+            reason: plan.reason,
+            summary: Some(WindowSummary {
+                summarized_turns: older.len(),
+                segments,
+                segments_kept: kept.len(),
+                ledger_lines: ledger.first().map_or(0, |l| l.lines().count()),
+                answered_kept: !answered.is_empty(),
+                facts: facts.lines.len(),
+            }),
         });
         StageOutput {
             messages: Some(messages),

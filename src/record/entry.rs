@@ -125,7 +125,7 @@ impl Exchange {
                 saved_by_stage: r
                     .savings_by_stage()
                     .into_iter()
-                    .map(|(stage, saved)| (stage.to_owned(), Value::from(saved)))
+                    .map(|(stage, saved)| (stage.as_str().to_owned(), Value::from(saved)))
                     .collect(),
                 stages: &r.stages,
             }),

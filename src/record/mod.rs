@@ -8,6 +8,7 @@ mod config;
 mod entry;
 mod writer;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,7 @@ pub use entry::{Exchange, rfc3339};
 pub use writer::{RotatingFile, rotated_path};
 
 use crate::body::{BodyEnd, BodyObserver};
+use crate::metrics::RecordDrop;
 
 /// The most response bytes kept for one record; a larger answer is recorded without its body.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -99,11 +101,15 @@ impl Recorder {
         };
         match queue.try_send(Message::Exchange(Box::new(exchange))) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.dropped.with_label_values(&["queue_full"]).inc(),
+            Err(TrySendError::Full(_)) => self.count_dropped(RecordDrop::QueueFull),
             Err(TrySendError::Disconnected(_)) => {
-                self.dropped.with_label_values(&["writer_stopped"]).inc();
+                self.count_dropped(RecordDrop::WriterStopped);
             }
         }
+    }
+
+    fn count_dropped(&self, reason: RecordDrop) {
+        self.dropped.with_label_values(&[reason.as_str()]).inc();
     }
 
     /// Waits (at most `timeout`) until everything queued so far is written; at shutdown.
@@ -131,16 +137,16 @@ impl Recorder {
 
 /// Watches a response body and, when it ends, completes the exchange and queues it.
 pub struct ResponseCapture {
-    state: crate::server::SharedState,
+    recorder: Arc<Recorder>,
     exchange: Exchange,
     received: Instant,
     bytes: usize,
 }
 
 impl ResponseCapture {
-    pub fn new(state: crate::server::SharedState, exchange: Exchange, received: Instant) -> Self {
+    pub fn new(recorder: Arc<Recorder>, exchange: Exchange, received: Instant) -> Self {
         ResponseCapture {
-            state,
+            recorder,
             exchange,
             received,
             bytes: 0,
@@ -169,7 +175,7 @@ impl BodyObserver for ResponseCapture {
         let mut this = *self;
         this.exchange.total_ms = ms_since(this.received);
         this.exchange.end = Some(end);
-        this.state.recorder.submit(this.exchange);
+        this.recorder.submit(this.exchange);
     }
 }
 

@@ -11,6 +11,7 @@ use prometheus::{IntCounter, IntCounterVec};
 
 use super::Message;
 use super::config::RecordConfig;
+use crate::metrics::RecordDrop;
 
 /// An append-only JSONL file with size-based rotation.
 pub struct RotatingFile {
@@ -125,7 +126,10 @@ pub fn run(config: RecordConfig, queue: Receiver<Message>, metrics: WriterMetric
         match file.write_line(&line) {
             Ok(()) => metrics.written.inc(),
             Err(e) => {
-                metrics.dropped.with_label_values(&["write_error"]).inc();
+                metrics
+                    .dropped
+                    .with_label_values(&[RecordDrop::WriteError.as_str()])
+                    .inc();
                 if !warned {
                     tracing::warn!(path = %config.path, error = %e, "cannot write the recording");
                     warned = true;

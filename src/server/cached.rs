@@ -6,13 +6,13 @@
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 
 use super::SharedState;
 use crate::body::{BodyEnd, BodyObserver};
-use crate::metrics::ChatLabels;
+use crate::metrics::{CacheName, ChatLabels, LookupResult, SavingSource, UsageKind};
 use sha2::{Digest, Sha256};
 
 use crate::cache::assemble::{StreamAssembler, replay, sse_body};
@@ -26,8 +26,6 @@ use crate::openai::{
     ChatCompletion, ChatCompletionChunk, ChatRequest, Content, Nullable, Role, Usage,
 };
 use crate::upstream::Upstream;
-
-pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cache");
 
 /// A dedup-eligible question: where its scope's questions live, and the question.
 pub struct DedupPlan {
@@ -66,10 +64,10 @@ fn count_tokens_saved(
     let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
     let saved = &state.metrics.cache_tokens_saved;
     saved
-        .with_label_values(&["prompt", model, tenant])
+        .with_label_values(&[UsageKind::Prompt.as_str(), model, tenant])
         .inc_by(usage.prompt_tokens);
     saved
-        .with_label_values(&["completion", model, tenant])
+        .with_label_values(&[UsageKind::Completion.as_str(), model, tenant])
         .inc_by(usage.completion_tokens);
     if let Some(price) = state.config.price_of(&chat.model) {
         let usd = (usage.prompt_tokens as f64 * price.input
@@ -78,21 +76,26 @@ fn count_tokens_saved(
         state
             .metrics
             .cost_saved_usd
-            .with_label_values(&["cache", model, tenant])
+            .with_label_values(&[SavingSource::Cache.as_str(), model, tenant])
             .inc_by(usd);
     }
 }
 
-fn count_cache(state: &SharedState, cache: &str, result: &str, labels: &ChatLabels) {
+fn count_cache(state: &SharedState, cache: CacheName, result: LookupResult, labels: &ChatLabels) {
     state
         .metrics
         .cache_requests
-        .with_label_values(&[cache, result, &labels.model, &labels.tenant])
+        .with_label_values(&[
+            cache.as_str(),
+            result.as_str(),
+            &labels.model,
+            &labels.tenant,
+        ])
         .inc();
 }
 
-fn count_dedup(state: &SharedState, result: &str, labels: &ChatLabels) {
-    count_cache(state, "dedup", result, labels);
+fn count_dedup(state: &SharedState, result: LookupResult, labels: &ChatLabels) {
+    count_cache(state, CacheName::Dedup, result, labels);
 }
 
 /// A conversational question the dedup cache may answer: the last message is the user's text,
@@ -119,7 +122,7 @@ pub async fn dedup_plan(
         && !no_store_or_no_cache(headers)
         && state.store.is_up();
     if !eligible {
-        count_dedup(state, "bypass", labels);
+        count_dedup(state, LookupResult::Bypass, labels);
         return None;
     }
     let system: Vec<String> = chat
@@ -156,7 +159,7 @@ pub async fn dedup_plan(
         Ok(vector) => vector,
         Err(reason) => {
             tracing::debug!(%reason, embedder, "dedup: no vector for the question, cache skipped");
-            count_dedup(state, "error", labels);
+            count_dedup(state, LookupResult::Error, labels);
             return None;
         }
     };
@@ -217,10 +220,10 @@ pub async fn dedup_look_up(
         .cache_lookup_duration
         .observe(started.elapsed().as_secs_f64());
     let Some(mut answer) = found else {
-        count_dedup(state, "miss", labels);
+        count_dedup(state, LookupResult::Miss, labels);
         return None;
     };
-    count_dedup(state, "hit", labels);
+    count_dedup(state, LookupResult::Hit, labels);
     count_tokens_saved(state, &answer, chat, labels);
     for choice in &mut answer.choices {
         let text = choice
@@ -238,11 +241,7 @@ pub async fn dedup_look_up(
         total_tokens: 0,
         extra: Default::default(),
     });
-    let mut response = self::answer(&answer, chat);
-    response
-        .headers_mut()
-        .insert(X_CTXPROXY_CACHE, HeaderValue::from_static("dedup"));
-    Some(response)
+    Some(self::answer(&answer, chat))
 }
 
 pub enum Lookup {
@@ -254,8 +253,8 @@ pub enum Lookup {
     Bypass,
 }
 
-fn count(state: &SharedState, result: &str, labels: &ChatLabels) {
-    count_cache(state, "deterministic", result, labels);
+fn count(state: &SharedState, result: LookupResult, labels: &ChatLabels) {
+    count_cache(state, CacheName::Deterministic, result, labels);
 }
 
 /// Looks `sent` (the body going upstream) up in the caller's `scope` on upstream `route`. `chat` is the
@@ -272,16 +271,16 @@ pub async fn look_up(
     let config = &state.config.cache;
     let decision = decide(chat, headers, config);
     if matches!(decision, Decision::Bypass(_)) || !state.store.is_up() {
-        count(state, "bypass", labels);
+        count(state, LookupResult::Bypass, labels);
         return Lookup::Bypass;
     }
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(sent) else {
-        count(state, "bypass", labels);
+        count(state, LookupResult::Bypass, labels);
         return Lookup::Bypass;
     };
     let key = key(&value, scope, route, config);
     if decision == Decision::WriteOnly {
-        count(state, "bypass", labels);
+        count(state, LookupResult::Bypass, labels);
         return Lookup::WriteOnly(key);
     }
     let started = Instant::now();
@@ -291,15 +290,15 @@ pub async fn look_up(
         .cache_lookup_duration
         .observe(started.elapsed().as_secs_f64());
     let Some(bytes) = entry else {
-        count(state, "miss", labels);
+        count(state, LookupResult::Miss, labels);
         return Lookup::Miss(key);
     };
     let Ok(completion) = serde_json::from_slice::<ChatCompletion>(&bytes) else {
         state.store.delete(&key).await;
-        count(state, "error", labels);
+        count(state, LookupResult::Error, labels);
         return Lookup::Miss(key);
     };
-    count(state, "hit", labels);
+    count(state, LookupResult::Hit, labels);
     count_tokens_saved(state, &completion, chat, labels);
     Lookup::Hit(answer(&completion, chat))
 }
@@ -322,7 +321,6 @@ fn answer(completion: &ChatCompletion, chat: &ChatRequest) -> Response<Body> {
         // Like a live stream: never stored by intermediaries.
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
-    headers.insert(X_CTXPROXY_CACHE, HeaderValue::from_static("hit"));
     response
 }
 

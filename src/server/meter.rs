@@ -13,7 +13,7 @@ use super::SharedState;
 use crate::bill::{self, Prompt};
 use crate::body::{BodyEnd, BodyObserver};
 use crate::config::ModelPrice;
-use crate::metrics::ChatLabels;
+use crate::metrics::{ChatLabels, SavingSource, UsageKind};
 use crate::openai::sse::event_data;
 use crate::openai::{Nullable, Usage, with_first_field};
 
@@ -92,11 +92,13 @@ impl ResponseMeter {
         let tokens = &self.state.metrics.usage_tokens;
         let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
         for (kind, n) in [
-            ("prompt", usage.prompt_tokens),
-            ("completion", usage.completion_tokens),
-            ("cached_prompt", cached),
+            (UsageKind::Prompt, usage.prompt_tokens),
+            (UsageKind::Completion, usage.completion_tokens),
+            (UsageKind::CachedPrompt, cached),
         ] {
-            tokens.with_label_values(&[kind, model, tenant]).inc_by(n);
+            tokens
+                .with_label_values(&[kind.as_str(), model, tenant])
+                .inc_by(n);
         }
     }
 }
@@ -123,7 +125,7 @@ impl ResponseMeter {
         if saved > 0.0 {
             metrics
                 .cost_saved_usd
-                .with_label_values(&["pipeline", model, tenant])
+                .with_label_values(&[SavingSource::Pipeline.as_str(), model, tenant])
                 .inc_by(saved);
         } else if saved < 0.0 {
             metrics

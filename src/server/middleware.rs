@@ -14,6 +14,7 @@ use super::{SharedState, read_body};
 use crate::auth::{Tenant, authenticate};
 use crate::body::{BodyEnd, ObservedBody};
 use crate::error::ProxyError;
+use crate::metrics::Route;
 
 pub const X_REQUEST_ID: &str = "x-request-id";
 
@@ -25,15 +26,15 @@ pub struct RequestContext {
 }
 
 /// The bounded label for a path.
-fn route_label(method: &Method, path: &str) -> &'static str {
+fn route_label(method: &Method, path: &str) -> Route {
     match path {
-        "/v1/chat/completions" if method == Method::POST => "chat_completions",
-        "/v1/ctxproxy/explain" if method == Method::POST => "explain",
-        "/healthz" => "healthz",
-        "/readyz" => "readyz",
-        "/metrics" => "metrics",
-        p if p.starts_with("/v1/") => "passthrough",
-        _ => "not_found",
+        "/v1/chat/completions" if method == Method::POST => Route::ChatCompletions,
+        "/v1/ctxproxy/explain" if method == Method::POST => Route::Explain,
+        "/healthz" => Route::Healthz,
+        "/readyz" => Route::Readyz,
+        "/metrics" => Route::Metrics,
+        p if p.starts_with("/v1/") => Route::Passthrough,
+        _ => Route::NotFound,
     }
 }
 
@@ -50,7 +51,10 @@ pub async fn observe(
     // Counted and logged once, when dropped: with the response body's end, or here when the
     // client leaves before the response headers (status 499).
     let mut exchange = Exchange::start(&state, route, &request, request_id.clone());
-    let mut response = if matches!(route, "passthrough" | "chat_completions" | "explain") {
+    let mut response = if matches!(
+        route,
+        Route::Passthrough | Route::ChatCompletions | Route::Explain
+    ) {
         match admit(&state, request, &request_id, route).await {
             Ok((permit, tenant, request)) => {
                 exchange.permit = Some(permit);
@@ -78,7 +82,7 @@ const CLIENT_CLOSED: u16 = 499;
 /// One request's bookkeeping, from its arrival to the end of its response.
 struct Exchange {
     state: SharedState,
-    route: &'static str,
+    route: Route,
     method: Method,
     path: String,
     request_id: HeaderValue,
@@ -91,7 +95,7 @@ struct Exchange {
 }
 
 impl Exchange {
-    fn start(state: &SharedState, route: &'static str, request: &Request, id: HeaderValue) -> Self {
+    fn start(state: &SharedState, route: Route, request: &Request, id: HeaderValue) -> Self {
         state.metrics.in_flight.inc();
         Exchange {
             state: state.clone(),
@@ -116,7 +120,7 @@ impl Exchange {
         self.state
             .metrics
             .requests
-            .with_label_values(&[self.route, status.as_str()])
+            .with_label_values(&[self.route.as_str(), status.as_str()])
             .inc();
     }
 }
@@ -138,9 +142,9 @@ impl Drop for Exchange {
         self.state
             .metrics
             .request_duration
-            .with_label_values(&[self.route])
+            .with_label_values(&[self.route.as_str()])
             .observe(elapsed.as_secs_f64());
-        if !matches!(self.route, "healthz" | "readyz" | "metrics") {
+        if !matches!(self.route, Route::Healthz | Route::Readyz | Route::Metrics) {
             tracing::info!(
                 target: "ctxproxy::access",
                 request_id = self.request_id.to_str().unwrap_or("-"),
@@ -162,7 +166,7 @@ async fn admit(
     state: &SharedState,
     request: Request,
     request_id: &HeaderValue,
-    route: &'static str,
+    route: Route,
 ) -> Result<(OwnedSemaphorePermit, Tenant, Request), ProxyError> {
     if state.is_shutting_down() {
         return Err(ProxyError::ShuttingDown);
@@ -172,7 +176,7 @@ async fn admit(
     let (parts, body) = request.into_parts();
     let deadline = Instant::now() + server.body_read_timeout;
     let body = ObservedBody::new(body, Some(deadline), |_| {});
-    let body = if matches!(route, "chat_completions" | "explain") {
+    let body = if matches!(route, Route::ChatCompletions | Route::Explain) {
         let _reading = tokio::time::timeout(
             server.queue_timeout,
             state.body_readers.clone().acquire_owned(),

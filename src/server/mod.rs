@@ -53,7 +53,7 @@ pub struct AppState {
     /// The bounded set of model names used as metric labels.
     pub model_labels: ModelLabels,
     /// `[record]`: sampled exchanges to the recording file.
-    pub recorder: Recorder,
+    pub recorder: Arc<Recorder>,
     limiter: Arc<Semaphore>,
     /// Chat bodies being read before a slot is taken (bounds the memory they hold).
     body_readers: Arc<Semaphore>,
@@ -90,6 +90,7 @@ impl AppState {
             metrics.records_written.clone(),
             metrics.record_dropped.clone(),
         )
+        .map(Arc::new)
         .map_err(StartError::Recorder)?;
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(&config),

@@ -19,6 +19,7 @@ use self::breaker::Breaker;
 pub use self::config::StoreConfig;
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
+use crate::metrics::StoreOp;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -129,7 +130,7 @@ impl Store {
 
     /// Runs one operation on the current target, within the time budget; failures are
     /// counted under `op` and returned as `None`.
-    async fn run<T, R, M>(&self, op: &'static str, on_redis: R, on_memory: M) -> Option<T>
+    async fn run<T, R, M>(&self, op: StoreOp, on_redis: R, on_memory: M) -> Option<T>
     where
         R: AsyncFnOnce(&RedisBackend) -> Result<T, StoreError>,
         M: AsyncFnOnce(&MemoryBackend) -> Result<T, StoreError>,
@@ -152,8 +153,8 @@ impl Store {
         match result {
             Ok(value) => Some(value),
             Err(e) => {
-                self.metrics.errors.with_label_values(&[op]).inc();
-                tracing::debug!(op, error = %e, "store operation failed; treated as a miss");
+                self.metrics.errors.with_label_values(&[op.as_str()]).inc();
+                tracing::debug!(op = op.as_str(), error = %e, "store operation failed; treated as a miss");
                 None
             }
         }
@@ -166,7 +167,7 @@ impl Store {
     pub async fn get(&self, key: &str) -> Option<Vec<u8>> {
         let key = self.key(key);
         self.run(
-            "get",
+            StoreOp::Get,
             async |r| r.get(&key).await,
             async |m| m.get(&key).await,
         )
@@ -177,7 +178,7 @@ impl Store {
     pub async fn set(&self, key: &str, value: &[u8], ttl: Duration) {
         let key = self.key(key);
         self.run(
-            "set",
+            StoreOp::Set,
             async |r| r.set(&key, value, ttl).await,
             async |m| m.set(&key, value, ttl).await,
         )
@@ -187,7 +188,7 @@ impl Store {
     pub async fn delete(&self, key: &str) {
         let key = self.key(key);
         self.run(
-            "delete",
+            StoreOp::Delete,
             async |r| r.delete(&key).await,
             async |m| m.delete(&key).await,
         )
@@ -197,7 +198,7 @@ impl Store {
     pub async fn push_capped(&self, key: &str, value: &[u8], max_len: usize, ttl: Duration) {
         let key = self.key(key);
         self.run(
-            "push",
+            StoreOp::Push,
             async |r| r.push_capped(&key, value, max_len, ttl).await,
             async |m| m.push_capped(&key, value, max_len, ttl).await,
         )
@@ -207,7 +208,7 @@ impl Store {
     pub async fn list(&self, key: &str) -> Vec<Vec<u8>> {
         let key = self.key(key);
         self.run(
-            "list",
+            StoreOp::List,
             async |r| r.list(&key).await,
             async |m| m.list(&key).await,
         )
@@ -236,9 +237,13 @@ impl Store {
 
     /// Checks Redis now (for startup and `/readyz`): a success closes the breaker.
     pub async fn ping(&self) -> bool {
-        self.run("ping", async |r| r.ping().await, async |m| m.ping().await)
-            .await
-            .is_some()
+        self.run(
+            StoreOp::Ping,
+            async |r| r.ping().await,
+            async |m| m.ping().await,
+        )
+        .await
+        .is_some()
             && self.is_up()
     }
 }

@@ -4,6 +4,8 @@
 
 mod headers;
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use bytes::Bytes;
@@ -19,13 +21,13 @@ pub use headers::{apply_upstream_auth, end_to_end, is_event_stream};
 use crate::body::{BodyEnd, BodyObserver, DropFrames, ObservedBody, SseEventBody, TapBody};
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamError};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// All upstreams, indexed as `Config::upstreams`.
 pub struct Upstreams {
-    list: Vec<Upstream>,
+    list: Vec<Arc<Upstream>>,
 }
 
 impl Upstreams {
@@ -33,18 +35,17 @@ impl Upstreams {
         let list = config
             .upstreams
             .iter()
-            .map(|c| Upstream::new(c.clone()))
+            .map(|c| Upstream::new(c.clone()).map(Arc::new))
             .collect::<Result<_, _>>()?;
         Ok(Upstreams { list })
     }
 
-    pub fn get(&self, index: usize) -> Option<&Upstream> {
+    pub fn get(&self, index: usize) -> Option<&Arc<Upstream>> {
         self.list.get(index)
     }
 }
 
-/// One upstream: its config and pooled client (a clone shares the pool).
-#[derive(Clone)]
+/// One upstream: its config and pooled client.
 pub struct Upstream {
     pub config: UpstreamConfig,
     client: HttpClient,
@@ -149,7 +150,7 @@ impl Upstream {
                     });
                 }
                 Err(_elapsed) => {
-                    self.count_error(metrics, "timeout");
+                    self.count_error(metrics, UpstreamError::Timeout);
                     return Err(ProxyError::UpstreamTimeout {
                         upstream: self.config.name.clone(),
                         phase: "first byte",
@@ -157,7 +158,7 @@ impl Upstream {
                     });
                 }
                 Ok(Err(e)) if e.is_connect() && attempt < attempts => {
-                    self.count_error(metrics, "connect");
+                    self.count_error(metrics, UpstreamError::Connect);
                     tracing::debug!(upstream = %self.config.name, attempt, error = %error_chain(&e), "connect failed, retrying");
                 }
                 Ok(Err(e)) => {
@@ -170,7 +171,14 @@ impl Upstream {
                         return Err(ProxyError::BodyTimeout);
                     }
                     let connect = e.is_connect();
-                    self.count_error(metrics, if connect { "connect" } else { "request" });
+                    self.count_error(
+                        metrics,
+                        if connect {
+                            UpstreamError::Connect
+                        } else {
+                            UpstreamError::Request
+                        },
+                    );
                     if connect && is_timeout(&e) {
                         return Err(ProxyError::UpstreamTimeout {
                             upstream: self.config.name.clone(),
@@ -231,10 +239,10 @@ impl Upstream {
             })?
     }
 
-    fn count_error(&self, metrics: &Metrics, kind: &str) {
+    fn count_error(&self, metrics: &Metrics, kind: UpstreamError) {
         metrics
             .upstream_errors
-            .with_label_values(&[self.config.name.as_str(), kind])
+            .with_label_values(&[self.config.name.as_str(), kind.as_str()])
             .inc();
     }
 }
@@ -297,11 +305,13 @@ impl Upstream {
         let observed = ObservedBody::new(body, Some(deadline), move |end| {
             duration.observe(started.elapsed().as_secs_f64());
             let kind = match end {
-                BodyEnd::DeadlineExceeded => "timeout",
-                BodyEnd::Failed => "body",
+                BodyEnd::DeadlineExceeded => UpstreamError::Timeout,
+                BodyEnd::Failed => UpstreamError::Body,
                 BodyEnd::Complete | BodyEnd::Dropped => return,
             };
-            errors.with_label_values(&[name.as_str(), kind]).inc();
+            errors
+                .with_label_values(&[name.as_str(), kind.as_str()])
+                .inc();
         });
         let max_event = self.config.max_event_bytes;
         let too_large = {
@@ -310,7 +320,7 @@ impl Upstream {
             move || {
                 tracing::warn!(upstream = %name, max_event, "an upstream stream event is too large: stream cut");
                 errors
-                    .with_label_values(&[name.as_str(), "event_too_large"])
+                    .with_label_values(&[name.as_str(), UpstreamError::EventTooLarge.as_str()])
                     .inc();
             }
         };

@@ -11,6 +11,7 @@ use super::{Flags, GuardCall, MAX_JSON_BYTES};
 use crate::error::ProxyError;
 use crate::guards::continuation::retry_body;
 use crate::guards::json::{self, Appended};
+use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::upstream::UpstreamResponse;
 
 pub(super) async fn guard_json(
@@ -76,12 +77,12 @@ pub(super) async fn guard_json(
                     completion = json::repaired(&completion, retry);
                     changed = true;
                     flags.repaired = true;
-                    call.count_claim("repaired");
+                    call.count_claim(ClaimRepair::Repaired);
                 }
-                None => call.count_claim("failed"),
+                None => call.count_claim(ClaimRepair::Failed),
             }
         } else {
-            call.count_claim("off");
+            call.count_claim(ClaimRepair::Off);
         }
     }
     if !changed {
@@ -96,24 +97,24 @@ pub(super) async fn guard_json(
 
 /// Asks for the rest of `completion` until it ends by itself, merging each part in; returns the
 /// outcome.
-async fn continue_json(call: &GuardCall, completion: &mut Value) -> &'static str {
+async fn continue_json(call: &GuardCall, completion: &mut Value) -> ContinuationOutcome {
     let config = &call.guards().continuation;
     for _ in 0..config.max_attempts {
         let Some(body) = json::continuation_request(completion, &call.sent, &config.instruction)
         else {
-            return "error";
+            return ContinuationOutcome::Error;
         };
         if !call.within_budget(&body) {
-            return "budget";
+            return ContinuationOutcome::Budget;
         }
         let Some(next) = call.send_json(body).await else {
-            return "error";
+            return ContinuationOutcome::Error;
         };
         match json::append(completion, &next) {
-            Appended::NotText => return "error",
-            Appended::Finished => return "completed",
+            Appended::NotText => return ContinuationOutcome::Error,
+            Appended::Finished => return ContinuationOutcome::Completed,
             Appended::CutAgain => {}
         }
     }
-    "max_attempts"
+    ContinuationOutcome::MaxAttempts
 }

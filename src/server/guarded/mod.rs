@@ -8,6 +8,8 @@
 mod json;
 mod stream;
 
+use std::sync::Arc;
+
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -17,6 +19,7 @@ use super::SharedState;
 use crate::error::ProxyError;
 use crate::guards::Guards;
 use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
+use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::openai::ChatRequest;
 use crate::tokens::Encoding;
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
@@ -28,8 +31,8 @@ const MAX_JSON_BYTES: usize = 16 * 1024 * 1024;
 /// and its guards, resolved once.
 pub struct GuardCall {
     state: SharedState,
-    /// The route's upstream (a clone shares its connection pool); its config holds the guards.
-    upstream: Upstream,
+    /// The route's upstream; its config holds the guards.
+    upstream: Arc<Upstream>,
     uri: Uri,
     headers: HeaderMap,
     sent: Bytes,
@@ -78,7 +81,7 @@ impl GuardCall {
     /// answer (all off, or only the action check and no tools offered).
     pub fn new(
         state: &SharedState,
-        upstream: &Upstream,
+        upstream: &Arc<Upstream>,
         chat: &ChatRequest,
         sent: Sent<'_>,
         budget: Option<usize>,
@@ -153,19 +156,19 @@ impl GuardCall {
         ChatRequest::parse(body).is_ok_and(|request| counter.request(&request) <= budget.max_tokens)
     }
 
-    fn count_continuation(&self, outcome: &str) {
+    fn count_continuation(&self, outcome: ContinuationOutcome) {
         self.state
             .metrics
             .continuations
-            .with_label_values(&[outcome])
+            .with_label_values(&[outcome.as_str()])
             .inc();
     }
 
-    fn count_claim(&self, repair: &str) {
+    fn count_claim(&self, repair: ClaimRepair) {
         self.state
             .metrics
             .action_claims
-            .with_label_values(&[repair])
+            .with_label_values(&[repair.as_str()])
             .inc();
     }
 }

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::GuardCall;
 use crate::guards::stream::{Finish, Next, PartEnd, Relay, StreamRewriter};
+use crate::metrics::{ClaimRepair, ContinuationOutcome, UpstreamError};
 use crate::upstream::{UpstreamResponse, is_event_stream};
 
 type Events = mpsc::Sender<Result<Bytes, std::io::Error>>;
@@ -109,7 +110,7 @@ async fn pump(
                             .upstream_errors
                             .with_label_values(&[
                                 call.upstream.config.name.as_str(),
-                                "event_too_large",
+                                UpstreamError::EventTooLarge.as_str(),
                             ])
                             .inc();
                         forward(events, error).await;
@@ -128,15 +129,15 @@ async fn pump(
 }
 
 /// The body of the next part, or the continuation outcome that stops asking.
-async fn next_part(call: &GuardCall, request: Vec<u8>) -> Result<Body, &'static str> {
+async fn next_part(call: &GuardCall, request: Vec<u8>) -> Result<Body, ContinuationOutcome> {
     if !call.within_budget(&request) {
-        return Err("budget");
+        return Err(ContinuationOutcome::Budget);
     }
     match call.send(request).await {
         Some(answer) if is_event_stream(answer.response.headers()) => {
             Ok(answer.response.into_body())
         }
-        _ => Err("error"),
+        _ => Err(ContinuationOutcome::Error),
     }
 }
 
@@ -157,7 +158,7 @@ async fn end(call: &GuardCall, finish: Finish, events: &Events) {
         call.count_continuation(outcome);
     }
     if let Some(claim) = claim {
-        call.count_claim("off");
+        call.count_claim(ClaimRepair::Off);
         if !forward(events, claim).await {
             return;
         }

@@ -1,12 +1,23 @@
 //! Every Prometheus metric ctxproxy exports, defined in one place on a registry that is passed
 //! down (no global statics). Label values come only from closed sets or configured names.
 
+mod labels;
+mod rewrite;
+
+use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+pub use labels::{
+    BudgetOutcome, CacheName, CacheOutcome, ClaimRepair, Compaction, ContinuationOutcome,
+    LookupResult, RecordDrop, Route, SavingSource, StoreOp, TokenPhase, ToolPhase, UpstreamError,
+    UsageKind,
+};
+
 use crate::config::{Config, glob_match};
+use crate::pipeline::tools::Reason;
 
 /// The `model` and `tenant` labels of one chat request. Both come from bounded sets: the
 /// model as named by a configured route or price (else `other`), the tenant from `[auth]`.
@@ -67,50 +78,55 @@ const DURATION_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
-    /// `route` ∈ chat_completions, passthrough, healthz, readyz, metrics, not_found.
+    /// `route`: [`Route`].
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub upstream_duration: HistogramVec,
-    /// `kind` ∈ connect, timeout, body.
+    /// `kind`: [`UpstreamError`].
     pub upstream_errors: IntCounterVec,
     pub in_flight: IntGauge,
     pub open_connections: IntGauge,
     pub connections_refused: IntCounter,
     pub cache_too_large: IntCounter,
     pub build_info: IntGaugeVec,
-    /// `phase` ∈ original, sent.
+    /// `phase`: [`TokenPhase`].
     pub prompt_tokens: IntCounterVec,
-    /// `stage` ∈ the pipeline's stage names.
+    /// `stage`: [`crate::pipeline::StageName`].
     pub tokens_saved: IntCounterVec,
     pub tokens_saveable: IntCounterVec,
     pub pipeline_duration: Histogram,
-    /// `outcome` ∈ fit, rejected, over_floor.
+    /// `outcome`: [`BudgetOutcome`].
     pub budget_outcomes: IntCounterVec,
+    /// `phase`: [`ToolPhase`].
     pub tools: IntCounterVec,
+    /// `reason`: [`Reason`].
     pub tool_filter_decisions: IntCounterVec,
+    /// `cache`: [`CacheName`], `result`: [`LookupResult`].
     pub cache_requests: IntCounterVec,
+    /// `kind`: [`UsageKind`] (prompt, completion).
     pub cache_tokens_saved: IntCounterVec,
     pub cache_lookup_duration: Histogram,
+    /// `op`: [`StoreOp`].
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
-    /// Chat completions by `model`, `tenant`, HTTP `status` and `cache` result.
+    /// Chat completions by `model`, `tenant`, HTTP `status` and `cache`: [`CacheOutcome`].
     pub chat_requests: IntCounterVec,
-    /// `usage` reported by the upstream: `kind` ∈ prompt, completion, cached_prompt.
+    /// `usage` reported by the upstream: `kind`: [`UsageKind`].
     pub usage_tokens: IntCounterVec,
-    /// `source` ∈ pipeline, cache.
+    /// `source`: [`SavingSource`].
     pub cost_saved_usd: CounterVec,
     /// What rewrites cost more than the originals would have (a broken cached prefix).
     pub cost_added_usd: CounterVec,
     pub stream_first_byte: HistogramVec,
-    /// `method` ∈ cleared, json, text.
+    /// `method`: [`Compaction`].
     pub compactions: IntCounterVec,
     /// Exchanges written to the `[record]` file.
     pub records_written: IntCounter,
-    /// `reason` ∈ queue_full, write_error, writer_stopped.
+    /// `reason`: [`RecordDrop`].
     pub record_dropped: IntCounterVec,
-    /// `outcome` ∈ completed, max_attempts, budget, error.
+    /// `outcome`: [`ContinuationOutcome`].
     pub continuations: IntCounterVec,
-    /// `repair` ∈ off, repaired, failed.
+    /// `repair`: [`ClaimRepair`].
     pub action_claims: IntCounterVec,
 }
 
@@ -129,317 +145,201 @@ impl Metrics {
 
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
+        let r = Registrar(&registry);
+        let metrics = Metrics {
+            requests: r.counters(
                 "ctxproxy_requests_total",
                 "HTTP requests to ctxproxy, by route and HTTP status (499: the client left before the response headers).",
-            ),
-            &["route", "status"],
-        )?;
-        let request_duration = HistogramVec::new(
-            HistogramOpts::new(
+                &["route", "status"],
+            )?,
+            request_duration: r.histograms(
                 "ctxproxy_request_duration_seconds",
                 "Time from receiving a request to the end of its response body (streams included).",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
-            &["route"],
-        )?;
-        let upstream_duration = HistogramVec::new(
-            HistogramOpts::new(
+                DURATION_BUCKETS,
+                &["route"],
+            )?,
+            upstream_duration: r.histograms(
                 "ctxproxy_upstream_duration_seconds",
                 "Time from sending a request upstream to the end of the upstream's response body.",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
-            &["upstream"],
-        )?;
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
+                DURATION_BUCKETS,
+                &["upstream"],
+            )?,
+            upstream_errors: r.counters(
                 "ctxproxy_upstream_errors_total",
-                "Upstream calls that failed without an HTTP response, by kind (connect, timeout, body).",
-            ),
-            &["upstream", "kind"],
-        )?;
-        let in_flight = IntGauge::new(
-            "ctxproxy_in_flight_requests",
-            "Requests being served right now, streams included.",
-        )?;
-        let open_connections = IntGauge::new(
-            "ctxproxy_open_connections",
-            "Client connections open right now (at most server.max_connections).",
-        )?;
-        let cache_too_large = IntCounter::new(
-            "ctxproxy_cache_too_large_total",
-            "Answers relayed but not stored in a cache: larger than cache.max_entry_bytes.",
-        )?;
-        let connections_refused = IntCounter::new(
-            "ctxproxy_connections_refused_total",
-            "Client connections closed at once: server.max_connections were open.",
-        )?;
-        let build_info = IntGaugeVec::new(
-            Opts::new(
+                "Upstream calls that failed without an HTTP response, by kind (connect, request, timeout, body, event_too_large).",
+                &["upstream", "kind"],
+            )?,
+            in_flight: r.gauge(
+                "ctxproxy_in_flight_requests",
+                "Requests being served right now, streams included.",
+            )?,
+            open_connections: r.gauge(
+                "ctxproxy_open_connections",
+                "Client connections open right now (at most server.max_connections).",
+            )?,
+            connections_refused: r.counter(
+                "ctxproxy_connections_refused_total",
+                "Client connections closed at once: server.max_connections were open.",
+            )?,
+            cache_too_large: r.counter(
+                "ctxproxy_cache_too_large_total",
+                "Answers relayed but not stored in a cache: larger than cache.max_entry_bytes.",
+            )?,
+            build_info: r.gauges(
                 "ctxproxy_build_info",
                 "Always 1; the version of the running binary.",
-            ),
-            &["version"],
-        )?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        let prompt_tokens = IntCounterVec::new(
-            Opts::new(
+                &["version"],
+            )?,
+            prompt_tokens: r.counters(
                 "ctxproxy_prompt_tokens_total",
                 "Prompt tokens of chat requests as received (phase=original) and as sent upstream (phase=sent).",
-            ),
-            &["phase", "model", "tenant"],
-        )?;
-        let tokens_saved = IntCounterVec::new(
-            Opts::new(
+                &["phase", "model", "tenant"],
+            )?,
+            tokens_saved: r.counters(
                 "ctxproxy_tokens_saved_total",
                 "Prompt tokens removed by each pipeline stage on requests sent optimized.",
-            ),
-            &["stage", "model", "tenant"],
-        )?;
-        let tokens_saveable = IntCounterVec::new(
-            Opts::new(
+                &["stage", "model", "tenant"],
+            )?,
+            tokens_saveable: r.counters(
                 "ctxproxy_observe_tokens_saveable_total",
                 "Prompt tokens each pipeline stage would have removed from requests forwarded unchanged in observe mode.",
-            ),
-            &["stage", "model", "tenant"],
-        )?;
-        let pipeline_duration = Histogram::with_opts(
-            HistogramOpts::new(
+                &["stage", "model", "tenant"],
+            )?,
+            pipeline_duration: r.histogram(
                 "ctxproxy_pipeline_duration_seconds",
                 "Time spent rewriting a chat request (the proxy's own overhead on the request path).",
-            )
-            .buckets(PIPELINE_BUCKETS.to_vec()),
-        )?;
-        let budget_outcomes = IntCounterVec::new(
-            Opts::new(
+                PIPELINE_BUCKETS,
+            )?,
+            budget_outcomes: r.counters(
                 "ctxproxy_budget_outcomes_total",
                 "Token budget outcomes: fit (within budget), over_floor (the floor of system, tools, working set and ledger alone is over the budget: sent, flagged with X-Ctxproxy-Over-Budget), rejected (400, with on_exceed = \"reject\").",
-            ),
-            &["outcome", "model", "tenant"],
-        )?;
-
-        let tools = IntCounterVec::new(
-            Opts::new(
+                &["outcome", "model", "tenant"],
+            )?,
+            tools: r.counters(
                 "ctxproxy_tools_total",
                 "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream (phase=sent).",
-            ),
-            &["phase"],
-        )?;
-        let tool_filter_decisions = IntCounterVec::new(
-            Opts::new(
+                &["phase"],
+            )?,
+            tool_filter_decisions: r.counters(
                 "ctxproxy_tool_filter_decisions_total",
                 "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, protected, small_block (sent whole: under [tools] min_tool_tokens).",
-            ),
-            &["reason"],
-        )?;
-        let cache_requests = IntCounterVec::new(
-            Opts::new(
+                &["reason"],
+            )?,
+            cache_requests: r.counters(
                 "ctxproxy_cache_requests_total",
                 "Cache lookups by cache (deterministic, dedup) and result (hit, miss, bypass, error).",
-            ),
-            &["cache", "result", "model", "tenant"],
-        )?;
-        let cache_tokens_saved = IntCounterVec::new(
-            Opts::new(
+                &["cache", "result", "model", "tenant"],
+            )?,
+            cache_tokens_saved: r.counters(
                 "ctxproxy_cache_tokens_saved_total",
                 "Tokens not spent thanks to cache hits, from the stored usage: kind=prompt|completion.",
-            ),
-            &["kind", "model", "tenant"],
-        )?;
-        let cache_lookup_duration = Histogram::with_opts(
-            HistogramOpts::new(
+                &["kind", "model", "tenant"],
+            )?,
+            cache_lookup_duration: r.histogram(
                 "ctxproxy_cache_lookup_duration_seconds",
                 "Time of one cache lookup in the store.",
-            )
-            .buckets(PIPELINE_BUCKETS.to_vec()),
-        )?;
-        let store_errors = IntCounterVec::new(
-            Opts::new(
+                PIPELINE_BUCKETS,
+            )?,
+            store_errors: r.counters(
                 "ctxproxy_store_errors_total",
                 "Store operations that failed or timed out (each treated as a miss), by operation.",
-            ),
-            &["op"],
-        )?;
-        let chat_requests = IntCounterVec::new(
-            Opts::new(
+                &["op"],
+            )?,
+            store_up: r.gauge(
+                "ctxproxy_store_up",
+                "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
+            )?,
+            chat_requests: r.counters(
                 "ctxproxy_chat_requests_total",
                 "Chat completion requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
-            ),
-            &["model", "tenant", "status", "cache"],
-        )?;
-        let usage_tokens = IntCounterVec::new(
-            Opts::new(
+                &["model", "tenant", "status", "cache"],
+            )?,
+            usage_tokens: r.counters(
                 "ctxproxy_usage_tokens_total",
                 "Tokens the upstream reported in `usage` (streams included): kind=prompt|completion|cached_prompt.",
-            ),
-            &["kind", "model", "tenant"],
-        )?;
-        let cost_saved_usd = CounterVec::new(
-            Opts::new(
+                &["kind", "model", "tenant"],
+            )?,
+            cost_saved_usd: r.dollars(
                 "ctxproxy_cost_saved_usd_total",
                 "Estimated US dollars not spent, from [prices]: source=pipeline (the original's input bill minus the rewrite's, cached prices counted) or cache (hits' stored usage).",
-            ),
-            &["source", "model", "tenant"],
-        )?;
-        let cost_added_usd = CounterVec::new(
-            Opts::new(
+                &["source", "model", "tenant"],
+            )?,
+            cost_added_usd: r.dollars(
                 "ctxproxy_cost_added_usd_total",
                 "Estimated US dollars a rewrite cost more than the original would have (it broke a prefix the provider had cached); the pipeline's net saving is ctxproxy_cost_saved_usd_total{source=\"pipeline\"} minus this.",
-            ),
-            &["model", "tenant"],
-        )?;
-        let stream_first_byte = HistogramVec::new(
-            HistogramOpts::new(
+                &["model", "tenant"],
+            )?,
+            stream_first_byte: r.histograms(
                 "ctxproxy_stream_first_byte_seconds",
                 "Streams: time from receiving the request to the first event from the upstream.",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
-            &["upstream"],
-        )?;
-        let compactions = IntCounterVec::new(
-            Opts::new(
+                DURATION_BUCKETS,
+                &["upstream"],
+            )?,
+            compactions: r.counters(
                 "ctxproxy_compactions_total",
                 "Tool results compacted by the compact stage, by method: cleared (older result replaced by a note), json, text.",
-            ),
-            &["method"],
-        )?;
-        let records_written = IntCounter::new(
-            "ctxproxy_records_written_total",
-            "Exchanges written to the [record] file.",
-        )?;
-        let record_dropped = IntCounterVec::new(
-            Opts::new(
+                &["method"],
+            )?,
+            records_written: r.counter(
+                "ctxproxy_records_written_total",
+                "Exchanges written to the [record] file.",
+            )?,
+            record_dropped: r.counters(
                 "ctxproxy_record_dropped_total",
                 "Sampled exchanges not recorded, by reason: queue_full (the writer is behind; the request was not slowed), write_error, writer_stopped.",
-            ),
-            &["reason"],
-        )?;
-        let continuations = IntCounterVec::new(
-            Opts::new(
+                &["reason"],
+            )?,
+            continuations: r.counters(
                 "ctxproxy_continuations_total",
                 "Answers cut at the length limit that ctxproxy continued, by outcome: completed (the last part ended by itself), max_attempts, budget (the next request would exceed the token budget), error (a continuation call failed; the cut answer was returned).",
-            ),
-            &["outcome"],
-        )?;
-        let action_claims = IntCounterVec::new(
-            Opts::new(
+                &["outcome"],
+            )?,
+            action_claims: r.counters(
                 "ctxproxy_action_claims_without_tool_call_total",
                 "Answers to requests with tools that claim an action without calling any tool, by repair: off (retry not configured, or a stream), repaired (the retry called a tool and was returned), failed.",
-            ),
-            &["repair"],
-        )?;
-        let store_up = IntGauge::new(
-            "ctxproxy_store_up",
-            "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
-        )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(request_duration.clone()))?;
-        registry.register(Box::new(upstream_duration.clone()))?;
-        registry.register(Box::new(upstream_errors.clone()))?;
-        registry.register(Box::new(in_flight.clone()))?;
-        registry.register(Box::new(open_connections.clone()))?;
-        registry.register(Box::new(connections_refused.clone()))?;
-        registry.register(Box::new(cache_too_large.clone()))?;
-        registry.register(Box::new(build_info.clone()))?;
-        registry.register(Box::new(prompt_tokens.clone()))?;
-        registry.register(Box::new(tokens_saved.clone()))?;
-        registry.register(Box::new(tokens_saveable.clone()))?;
-        registry.register(Box::new(pipeline_duration.clone()))?;
-        registry.register(Box::new(budget_outcomes.clone()))?;
-        registry.register(Box::new(tools.clone()))?;
-        registry.register(Box::new(tool_filter_decisions.clone()))?;
-        registry.register(Box::new(cache_requests.clone()))?;
-        registry.register(Box::new(cache_tokens_saved.clone()))?;
-        registry.register(Box::new(cache_lookup_duration.clone()))?;
-        registry.register(Box::new(store_errors.clone()))?;
-        registry.register(Box::new(store_up.clone()))?;
-        registry.register(Box::new(chat_requests.clone()))?;
-        registry.register(Box::new(usage_tokens.clone()))?;
-        registry.register(Box::new(cost_saved_usd.clone()))?;
-        registry.register(Box::new(cost_added_usd.clone()))?;
-        registry.register(Box::new(stream_first_byte.clone()))?;
-        registry.register(Box::new(compactions.clone()))?;
-        registry.register(Box::new(records_written.clone()))?;
-        registry.register(Box::new(record_dropped.clone()))?;
-        registry.register(Box::new(continuations.clone()))?;
-        registry.register(Box::new(action_claims.clone()))?;
-        Ok(Metrics {
-            continuations,
-            action_claims,
-            records_written,
-            record_dropped,
-            chat_requests,
-            usage_tokens,
-            cost_saved_usd,
-            cost_added_usd,
-            stream_first_byte,
-            compactions,
-            prompt_tokens,
-            tokens_saved,
-            tokens_saveable,
-            pipeline_duration,
-            budget_outcomes,
-            tools,
-            tool_filter_decisions,
-            cache_requests,
-            cache_tokens_saved,
-            cache_lookup_duration,
-            store_errors,
-            store_up,
-            registry,
-            requests,
-            request_duration,
-            upstream_duration,
-            upstream_errors,
-            in_flight,
-            open_connections,
-            connections_refused,
-            cache_too_large,
-            build_info,
-        })
+                &["repair"],
+            )?,
+            registry: registry.clone(),
+        };
+        metrics
+            .build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Ok(metrics)
     }
 
     /// Creates the series of closed label sets at zero, so that every metric is exported from
     /// the start and `rate()` sees the first increase.
     pub fn initialize(&self, config: &Config) {
-        for op in ["get", "set", "delete", "push", "list", "ping"] {
-            self.store_errors.with_label_values(&[op]);
+        for op in StoreOp::ALL {
+            self.store_errors.with_label_values(&[op.as_str()]);
         }
         for upstream in &config.upstreams {
-            for kind in ["connect", "request", "timeout", "body"] {
+            for kind in UpstreamError::ALL {
                 self.upstream_errors
-                    .with_label_values(&[upstream.name.as_str(), kind]);
+                    .with_label_values(&[upstream.name.as_str(), kind.as_str()]);
             }
         }
-        for reason in [
-            "match",
-            "sticky",
-            "no_match_drop",
-            "no_match_keep",
-            "protected",
-            "small_block",
-        ] {
-            self.tool_filter_decisions.with_label_values(&[reason]);
+        for reason in Reason::ALL {
+            self.tool_filter_decisions
+                .with_label_values(&[reason.as_str()]);
         }
-        for phase in ["offered", "sent"] {
-            self.tools.with_label_values(&[phase]);
+        for phase in ToolPhase::ALL {
+            self.tools.with_label_values(&[phase.as_str()]);
         }
         // Rare by design: exported at zero for the dashboard's net saving.
         self.cost_added_usd.with_label_values(&["other", "default"]);
-        for method in ["cleared", "json", "text"] {
-            self.compactions.with_label_values(&[method]);
+        for method in Compaction::ALL {
+            self.compactions.with_label_values(&[method.as_str()]);
         }
-        for reason in ["queue_full", "write_error", "writer_stopped"] {
-            self.record_dropped.with_label_values(&[reason]);
+        for reason in RecordDrop::ALL {
+            self.record_dropped.with_label_values(&[reason.as_str()]);
         }
-        for outcome in ["completed", "max_attempts", "budget", "error"] {
-            self.continuations.with_label_values(&[outcome]);
+        for outcome in ContinuationOutcome::ALL {
+            self.continuations.with_label_values(&[outcome.as_str()]);
         }
-        for repair in ["off", "repaired", "failed"] {
-            self.action_claims.with_label_values(&[repair]);
+        for repair in ClaimRepair::ALL {
+            self.action_claims.with_label_values(&[repair.as_str()]);
         }
     }
 
@@ -450,6 +350,76 @@ impl Metrics {
             tracing::warn!(error = %e, "cannot encode metrics");
         }
         String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// Builds a metric and registers it in one step.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register<M: Collector + Clone + 'static>(&self, metric: M) -> Result<M, prometheus::Error> {
+        self.0.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
+
+    fn counter(&self, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
+        self.register(IntCounter::new(name, help)?)
+    }
+
+    fn counters(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntCounterVec, prometheus::Error> {
+        self.register(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// A counter of fractional amounts (US dollars).
+    fn dollars(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<CounterVec, prometheus::Error> {
+        self.register(CounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+        self.register(IntGauge::new(name, help)?)
+    }
+
+    fn gauges(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntGaugeVec, prometheus::Error> {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: &[f64],
+    ) -> Result<Histogram, prometheus::Error> {
+        self.register(Histogram::with_opts(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        )?)
+    }
+
+    fn histograms(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: &[f64],
+        labels: &[&str],
+    ) -> Result<HistogramVec, prometheus::Error> {
+        self.register(HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            labels,
+        )?)
     }
 }
 

@@ -1,0 +1,305 @@
+//! One chat request, parsed: the request and where it goes ([`ChatCall::parse`]), and its
+//! rewrite ([`ChatCall::rewrite`], [`ChatCall::run_pipeline`]). The later phases are in
+//! `send.rs`; the bookkeeping of every phase goes to the [`CallLog`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use bytes::Bytes;
+
+use super::call_log::{CallLog, TokenCounts};
+use crate::bill::{Prompt, cached_of};
+use crate::conversation::conversation_id;
+use crate::error::ProxyError;
+use crate::metrics::BudgetOutcome;
+use crate::openai::ChatRequest;
+use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, tools};
+use crate::server::meter::Saving;
+use crate::server::{RequestContext, SharedState, prefix_state, read_body, scope, sticky};
+use crate::upstream::Upstream;
+
+pub const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
+pub const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
+
+/// Which endpoint a chat request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `/v1/chat/completions`: the mode comes from `X-Ctxproxy-Mode` or the config.
+    Chat,
+    /// `/v1/ctxproxy/explain`: always the optimized rewrite.
+    Explain,
+}
+
+/// A parsed chat request and everything decided from it before the pipeline runs.
+pub struct ChatCall<'a> {
+    pub state: &'a SharedState,
+    pub parts: Parts,
+    /// The client's body, as received.
+    pub bytes: Bytes,
+    pub chat: ChatRequest,
+    pub upstream: &'a Arc<Upstream>,
+    pub mode: Mode,
+    /// Whose caches and conversation state these are (see `scope.rs`).
+    pub scope: String,
+    /// The conversation (mode `observe` or `optimize`): its prefix state, and its sticky tool
+    /// categories when [`ChatCall::uses_tool_state`].
+    pub conversation: Option<String>,
+}
+
+/// What goes upstream after the rewrite phase.
+pub struct Outgoing {
+    pub body: Bytes,
+    /// What a rewritten request is priced against when its usage arrives.
+    pub saving: Option<Saving>,
+}
+
+/// The pipeline's rewrite, and the conversation's state in the store before it.
+pub struct Pipelined {
+    pub rewrite: Rewrite,
+    pub remembered: Option<PrefixState>,
+}
+
+/// Reads a chat body, bounded by `[server] max_body_bytes`.
+pub async fn read(state: &SharedState, request: Request) -> Result<(Parts, Bytes), ProxyError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    Ok((parts, bytes))
+}
+
+impl<'a> ChatCall<'a> {
+    /// Parses the body, routes its model and picks the mode.
+    pub fn parse(
+        state: &'a SharedState,
+        context: &RequestContext,
+        parts: Parts,
+        bytes: Bytes,
+        entry: Entry,
+    ) -> Result<ChatCall<'a>, ProxyError> {
+        let chat = ChatRequest::parse(&bytes)?;
+        let upstream = route(state, &chat.model)?;
+        let mode = match entry {
+            Entry::Chat => mode_of(&parts.headers, state.config.pipeline.mode)?,
+            Entry::Explain => Mode::Optimize,
+        };
+        let scope = scope::of(&state.config, &context.tenant, &parts);
+        let conversation =
+            (mode != Mode::Off).then(|| conversation_id(&scope, &parts.headers, &chat));
+        Ok(ChatCall {
+            state,
+            parts,
+            bytes,
+            chat,
+            upstream,
+            mode,
+            scope,
+            conversation,
+        })
+    }
+
+    /// Whether this request reads and writes the conversation's sticky tool categories.
+    pub fn uses_tool_state(&self) -> bool {
+        self.mode != Mode::Off
+            && self.state.config.pipeline.tools.enabled
+            && self.chat.tools.get().is_some_and(|t| !t.is_empty())
+    }
+
+    /// The rewrite phase: the pipeline, the budget's verdict and their metrics, and the body to
+    /// send. A request over its budget with `on_exceed = "reject"` ends here.
+    pub async fn rewrite(&self, log: &mut CallLog) -> Result<Outgoing, ProxyError> {
+        let unchanged = Outgoing {
+            body: self.bytes.clone(),
+            saving: None,
+        };
+        if self.mode == Mode::Off {
+            return Ok(unchanged);
+        }
+        let started = Instant::now();
+        let Pipelined {
+            rewrite,
+            remembered,
+        } = self.run_pipeline().await?;
+        if let (Some(conversation), Some(prefix)) = (&self.conversation, rewrite.remember)
+            && Some(prefix) != remembered
+        {
+            prefix_state::save(self.state, conversation, prefix);
+        }
+        log.rewritten(&rewrite.report, started);
+        let report = &rewrite.report;
+        let metrics = &self.state.metrics;
+        let budget = &self.state.config.pipeline.budget;
+        let over_budget = budget.enabled && !report.fits;
+        let optimize = self.mode == Mode::Optimize;
+        if optimize {
+            if over_budget && budget.on_exceed == OnExceed::Reject {
+                metrics.count_budget(BudgetOutcome::Rejected, &log.labels);
+                return Err(ProxyError::ContextBudgetExceeded {
+                    budget: report.budget,
+                    tokens_before: report.tokens_before,
+                    tokens_after: report.tokens_after,
+                });
+            }
+            let outcome = if over_budget {
+                BudgetOutcome::OverFloor
+            } else {
+                BudgetOutcome::Fit
+            };
+            metrics.count_rewrite_sent(&rewrite, outcome, &log.labels);
+        } else {
+            metrics.count_rewrite_observed(&rewrite, &log.labels);
+        }
+        log.counts = Some(TokenCounts {
+            before: report.tokens_before,
+            // Observe mode sends the original: nothing was saved.
+            after: if optimize {
+                report.tokens_after
+            } else {
+                report.tokens_before
+            },
+            would_send: (!optimize).then_some(report.tokens_after),
+            over_budget: report
+                .over_budget
+                .filter(|_| optimize)
+                .map(|over| over.tokens_over),
+        });
+        if !(optimize && rewrite.changed()) {
+            // Nothing changed, or observe mode: the client's own bytes go upstream.
+            return Ok(unchanged);
+        }
+        let body = serde_json::to_vec(&rewrite.request)
+            .map(Bytes::from)
+            .map_err(|e| ProxyError::Internal(e.to_string()))?;
+        log.sent_rewritten(&body);
+        Ok(Outgoing {
+            body,
+            saving: self.saving_of(report),
+        })
+    }
+
+    /// Runs the pipeline with the conversation's sticky categories and prefix state, timing it.
+    /// Reads the store, never writes it.
+    pub async fn run_pipeline(&self) -> Result<Pipelined, ProxyError> {
+        let state = self.state;
+        let sticky = self.sticky_categories().await;
+        let remembered = match &self.conversation {
+            Some(conversation) => prefix_state::load(state, conversation).await,
+            None => None,
+        };
+        let config = &state.config.pipeline;
+        let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
+        let counter = state
+            .tokenizers
+            .for_model(&self.chat.model, self.upstream.config.tokenizer);
+        let started = Instant::now();
+        let rewrite = pipeline::run(
+            &self.chat,
+            &pipeline::Env {
+                config,
+                counter,
+                memo: &state.memo,
+                budget,
+                sticky_categories: &sticky,
+                reinforcement: Some(&self.upstream.config.guards.reinforcement),
+                remembered,
+            },
+        );
+        state
+            .metrics
+            .pipeline_duration
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Pipelined {
+            rewrite,
+            remembered,
+        })
+    }
+
+    /// The request's token budget, when the budget applies.
+    pub fn budget(&self) -> Option<usize> {
+        let budget = &self.state.config.pipeline.budget;
+        budget
+            .enabled
+            .then(|| budget_of(&self.parts.headers, budget.max_tokens).unwrap_or(budget.max_tokens))
+    }
+
+    /// The conversation's sticky categories: those stored after its last tool-using turn, plus
+    /// those of the previous turn in the history the client sent (so a store outage loses
+    /// nothing for clients that send their whole history).
+    async fn sticky_categories(&self) -> Vec<String> {
+        let Some(conversation) = self
+            .conversation
+            .as_deref()
+            .filter(|_| self.uses_tool_state())
+        else {
+            return Vec::new();
+        };
+        let state = self.state;
+        let mut categories = sticky::load(state, conversation).await;
+        categories.extend(tools::previous_turn_categories(
+            &self.chat,
+            &state.config.pipeline,
+            &state.memo,
+        ));
+        categories.sort();
+        categories.dedup();
+        categories
+    }
+
+    /// What a rewritten request is priced against when its usage arrives (`meter.rs`): the
+    /// client's request, cached as far as its previous request reached (the provider's rule),
+    /// and the tokens sent. `None` for a model without a price.
+    fn saving_of(&self, report: &pipeline::PipelineReport) -> Option<Saving> {
+        let price = self.state.config.price_of(&self.chat.model)?;
+        let previous = report.prefix.as_ref().and_then(|p| p.previous_tokens);
+        Some(Saving {
+            original: Prompt {
+                tokens: report.tokens_before,
+                cached: previous.map_or(0, |tokens| cached_of(tokens.min(report.tokens_before))),
+            },
+            sent_tokens: report.tokens_after,
+            price,
+        })
+    }
+}
+
+fn route<'a>(state: &'a SharedState, model: &str) -> Result<&'a Arc<Upstream>, ProxyError> {
+    state
+        .config
+        .upstream_for_model(model)
+        .and_then(|index| state.upstreams.get(index))
+        .ok_or_else(|| ProxyError::ModelNotRouted {
+            model: model.to_owned(),
+        })
+}
+
+fn mode_of(headers: &HeaderMap, default: Mode) -> Result<Mode, ProxyError> {
+    match headers.get(X_CTXPROXY_MODE) {
+        None => Ok(default),
+        Some(value) => {
+            value
+                .to_str()
+                .ok()
+                .and_then(Mode::parse)
+                .ok_or_else(|| ProxyError::InvalidHeader {
+                    header: "X-Ctxproxy-Mode",
+                    message: "expected off, observe or optimize".into(),
+                })
+        }
+    }
+}
+
+fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
+    match headers.get(X_CTXPROXY_BUDGET) {
+        None => Ok(default),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&b| b > 0)
+            .ok_or_else(|| ProxyError::InvalidHeader {
+                header: "X-Ctxproxy-Budget",
+                message: "expected a positive number of tokens".into(),
+            }),
+    }
+}

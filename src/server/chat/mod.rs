@@ -1,0 +1,81 @@
+//! `POST /v1/chat/completions` and `POST /v1/ctxproxy/explain`. A chat request goes through its
+//! phases in order (ARCHITECTURE.md): read and parse, rewrite, look up the caches, send (with
+//! the guards), relay (with the observers), and every exit, error or not, goes through
+//! [`CallLog::finish`]. Explain runs the first two and returns the rewrite instead.
+
+mod call;
+mod call_log;
+mod send;
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::{RequestContext, SharedState};
+use crate::error::ProxyError;
+use call::{ChatCall, Entry};
+use call_log::CallLog;
+use send::Looked;
+
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    Extension(context): Extension<RequestContext>,
+    request: Request,
+) -> Response<Body> {
+    let mut log = CallLog::start(&state, &context, request.headers());
+    let response = serve(&state, &context, request, &mut log)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    log.finish(&state, response)
+}
+
+async fn serve(
+    state: &SharedState,
+    context: &RequestContext,
+    request: Request,
+    log: &mut CallLog,
+) -> Result<Response<Body>, ProxyError> {
+    let (parts, bytes) = call::read(state, request).await?;
+    log.read(&bytes);
+    let call = ChatCall::parse(state, context, parts, bytes, Entry::Chat)?;
+    log.parsed(&call);
+    let outgoing = call.rewrite(log).await?;
+    let keys = match call.look_up(&outgoing, log).await {
+        Looked::Served(response) => return Ok(response),
+        Looked::Miss(keys) => keys,
+    };
+    let answer = call.send(outgoing, log).await?;
+    Ok(call.relay(answer, keys, log))
+}
+
+/// `POST /v1/ctxproxy/explain`: the rewritten request exactly as it would be sent, with the
+/// report of every stage. The upstream is not called, and the store is only read.
+pub async fn explain(
+    State(state): State<SharedState>,
+    Extension(context): Extension<RequestContext>,
+    request: Request,
+) -> Result<Json<Value>, ProxyError> {
+    let (parts, bytes) = call::read(&state, request).await?;
+    let call = ChatCall::parse(&state, &context, parts, bytes, Entry::Explain)?;
+    let rewrite = call.run_pipeline().await?.rewrite;
+    let sent = if rewrite.changed() {
+        serde_json::to_value(&rewrite.request)
+    } else {
+        serde_json::from_slice(&call.bytes)
+    }
+    .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let report = rewrite.report;
+    Ok(Json(json!({
+        "request": sent,
+        "tokens_before": report.tokens_before,
+        "tokens_after": report.tokens_after,
+        "budget": report.budget,
+        "fits": report.fits,
+        "over_budget": report.over_budget,
+        "prefix": report.prefix,
+        "stages": report.stages,
+    })))
+}

@@ -1,0 +1,223 @@
+//! The phases of a chat request after its rewrite: look up the caches ([`ChatCall::look_up`]),
+//! send upstream with the agent guards ([`ChatCall::send`]), and relay the answer through its
+//! observers: usage meter, sticky categories, cache writes, recording ([`ChatCall::relay`]).
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, Method, header};
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::call::{ChatCall, Outgoing, X_CTXPROXY_BUDGET, X_CTXPROXY_MODE};
+use super::call_log::CallLog;
+use crate::body::{BodyObserver, Observers};
+use crate::error::ProxyError;
+use crate::metrics::CacheOutcome;
+use crate::pipeline::Mode;
+use crate::record::ResponseCapture;
+use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
+use crate::server::guarded::{self, GuardCall, Sent};
+use crate::server::meter::{self, ResponseMeter, Saving};
+use crate::server::sticky::StickyUpdate;
+use crate::upstream::{
+    OutgoingBody, UpstreamResponse, apply_upstream_auth, end_to_end, is_event_stream,
+};
+
+/// What the caches said.
+pub enum Looked {
+    /// A cached answer.
+    Served(Response<Body>),
+    /// Not cached: where the upstream's answer may be stored.
+    Miss(CacheKeys),
+}
+
+/// Where an answer is stored once it has arrived complete.
+pub struct CacheKeys {
+    deterministic: Option<String>,
+    dedup: Option<DedupPlan>,
+}
+
+/// The upstream's answer, after the guards.
+pub struct Answer {
+    answer: UpstreamResponse,
+    sent_at: Instant,
+    saving: Option<Saving>,
+    /// The client did not ask for the stream's usage event: it is left out of what it gets.
+    strip_usage: bool,
+}
+
+impl ChatCall<'_> {
+    /// The deterministic cache (keyed by what is sent), then the dedup cache.
+    pub async fn look_up(&self, outgoing: &Outgoing, log: &mut CallLog) -> Looked {
+        let state = self.state;
+        let labels = &log.labels;
+        let name = &self.upstream.config.name;
+        let lookup = cached::look_up(
+            state,
+            &self.chat,
+            &outgoing.body,
+            &self.parts.headers,
+            &self.scope,
+            name,
+            labels,
+        )
+        .await;
+        let (deterministic, outcome) = match lookup {
+            Lookup::Hit(response) => {
+                log.cache = Some(CacheOutcome::Hit);
+                return Looked::Served(response);
+            }
+            Lookup::Miss(key) => (Some(key), CacheOutcome::Miss),
+            Lookup::WriteOnly(key) => (Some(key), CacheOutcome::Bypass),
+            Lookup::Bypass => (None, CacheOutcome::Bypass),
+        };
+        let headers = &self.parts.headers;
+        let dedup = cached::dedup_plan(
+            state,
+            &self.chat,
+            headers,
+            &self.scope,
+            labels,
+            self.upstream,
+        )
+        .await;
+        if let Some(plan) = &dedup
+            && let Some(response) = cached::dedup_look_up(state, plan, &self.chat, labels).await
+        {
+            log.cache = Some(CacheOutcome::Dedup);
+            return Looked::Served(response);
+        }
+        log.cache = Some(outcome);
+        Looked::Miss(CacheKeys {
+            deterministic,
+            dedup,
+        })
+    }
+
+    /// Sends the request upstream; in optimize mode the agent guards watch the answer and may
+    /// ask again.
+    pub async fn send(&self, outgoing: Outgoing, log: &mut CallLog) -> Result<Answer, ProxyError> {
+        let state = self.state;
+        // Usage of every stream, for the token metrics; the client gets it only if it asked.
+        let strip_usage =
+            self.mode != Mode::Off && self.chat.is_stream() && !self.chat.include_usage();
+        let body = match strip_usage
+            .then(|| meter::with_stream_usage(&outgoing.body))
+            .flatten()
+        {
+            Some(asked) => Bytes::from(asked),
+            None => outgoing.body,
+        };
+
+        let mut headers = end_to_end(&self.parts.headers);
+        headers.remove(header::CONTENT_LENGTH);
+        // Responses are read by later stages (usage, caches): ask for them uncompressed.
+        headers.remove(header::ACCEPT_ENCODING);
+        headers.remove(X_CTXPROXY_MODE);
+        headers.remove(X_CTXPROXY_BUDGET);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let upstream = self.upstream;
+        apply_upstream_auth(&mut headers, &upstream.config, state.config.auth_enabled());
+        let suffix = match self.parts.uri.query() {
+            Some(query) => format!("/chat/completions?{query}"),
+            None => "/chat/completions".to_owned(),
+        };
+        let uri = upstream.uri(&suffix)?;
+        // The agent guards ask again with what was sent (optimize mode only).
+        let guard = (self.mode == Mode::Optimize)
+            .then(|| {
+                let sent = Sent {
+                    uri: &uri,
+                    headers: &headers,
+                    body: &body,
+                };
+                GuardCall::new(state, upstream, &self.chat, sent, self.budget())
+            })
+            .flatten();
+        let sent_at = Instant::now();
+        let answer = upstream
+            .send(
+                Method::POST,
+                uri,
+                headers,
+                OutgoingBody::Buffered(body),
+                &state.metrics,
+            )
+            .await?;
+        let answer = match guard {
+            Some(guard) => {
+                let (answer, flags) = guarded::guard(guard, answer).await?;
+                log.flags = flags;
+                answer
+            }
+            None => answer,
+        };
+        Ok(Answer {
+            answer,
+            sent_at,
+            saving: outgoing.saving,
+            strip_usage,
+        })
+    }
+
+    /// Relays the answer to the client through the observers that read it as it passes.
+    pub fn relay(self, answer: Answer, keys: CacheKeys, log: &mut CallLog) -> Response<Body> {
+        let state = self.state;
+        let Answer {
+            answer,
+            sent_at,
+            saving,
+            strip_usage,
+        } = answer;
+        let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
+        // Recorded from the upstream's bytes, before the usage event is left out for the client.
+        if let Some(exchange) = log.take_record(&answer.response, sent_at) {
+            observers.push(Box::new(ResponseCapture::new(
+                state.recorder.clone(),
+                exchange,
+                log.received,
+            )));
+        }
+        if answer.response.status().is_success() {
+            let streamed = is_event_stream(answer.response.headers());
+            let name = &self.upstream.config.name;
+            observers.push(Box::new(
+                ResponseMeter::new(
+                    state.clone(),
+                    log.labels.clone(),
+                    name,
+                    streamed,
+                    log.received,
+                )
+                .with_saving(saving),
+            ));
+            let tool_state = self.uses_tool_state();
+            if let Some(conversation) = self.conversation.filter(|_| tool_state) {
+                observers.push(Box::new(StickyUpdate::new(
+                    state.clone(),
+                    conversation,
+                    &self.chat,
+                    streamed,
+                )));
+            }
+            if keys.deterministic.is_some() || keys.dedup.is_some() {
+                observers.push(Box::new(CacheWrite::new(
+                    state.clone(),
+                    keys.deterministic,
+                    keys.dedup,
+                    streamed,
+                )));
+            }
+        }
+        let observer = (!observers.is_empty())
+            .then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>);
+        let drop_usage_event =
+            strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool);
+        self.upstream
+            .relay(answer, &state.metrics, observer, drop_usage_event)
+    }
+}
