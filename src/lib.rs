@@ -1,5 +1,5 @@
 //! ctxproxy: an OpenAI-compatible reverse proxy that makes chat requests smaller without
-//! making answers worse. See DESIGN.md in the repository for the request flow.
+//! making answers worse. ARCHITECTURE.md is the map of the code.
 #![forbid(unsafe_code)]
 
 pub mod analyze; // `ctxproxy analyze`: the pipeline over recorded requests

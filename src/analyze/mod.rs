@@ -36,7 +36,7 @@ pub struct Analysis {
     pub history_tokens_before: u64,
     pub history_tokens_after: u64,
     pub over_budget: u64,
-    /// The same history figures over requests of 20 or more turns (seed 002 §6).
+    /// The same history figures over requests of 20 or more turns.
     pub long_requests: u64,
     pub long_history_tokens_before: u64,
     pub long_history_tokens_after: u64,

@@ -74,7 +74,7 @@ pub enum DedupScope {
 pub struct DedupConfig {
     pub enabled: bool,
     pub scope: DedupScope,
-    /// Similarity a hit needs (seed 002 §5.4), besides every guard.
+    /// Similarity a hit needs, besides every guard.
     pub threshold: f32,
     /// Questions kept per scope (oldest evicted).
     pub max_entries: usize,

@@ -1,4 +1,4 @@
-//! The dedup decision (pure, seed 002 §5): is a new question the same as an earlier one? A
+//! The dedup decision (pure): is a new question the same as an earlier one? A
 //! built-in lexical embedder (folded words, word pairs and character trigrams hashed into a
 //! fixed-size vector) gives the similarity; a hit also needs every guard to pass — the same
 //! negations, no antonym swapped, the same question word and persons, similar lengths, the same

@@ -1,4 +1,4 @@
-//! Response caches (seed 002 §4.1, §5): the deterministic cache answers a request that was
+//! Response caches: the deterministic cache answers a request that was
 //! already answered; the pieces here are pure (eligibility, keys, stream assembly and replay),
 //! the I/O is the store's.
 

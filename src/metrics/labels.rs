@@ -180,7 +180,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_value_is_distinct_and_snake_case() {
+    fn label_values_are_the_documented_snake_case_names() {
         let values: Vec<&str> = UpstreamError::ALL.iter().map(|k| k.as_str()).collect();
         assert_eq!(
             values,

@@ -91,3 +91,112 @@ impl Metrics {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::ChatRequest;
+    use crate::pipeline::report::{CompactDetails, ToolsDetails};
+    use crate::pipeline::tools::Reason;
+    use crate::pipeline::{PipelineReport, StageDetails, StageReport};
+
+    fn rewrite(stages: Vec<StageReport>) -> Rewrite {
+        let request = ChatRequest::parse(br#"{"model":"m","messages":[]}"#);
+        Rewrite {
+            request: request.unwrap_or_else(|e| panic!("{e:?}")),
+            report: PipelineReport {
+                tokens_before: 1_000,
+                tokens_after: 400,
+                stages,
+                budget: 4_000,
+                fits: true,
+                over_budget: None,
+                prefix: None,
+            },
+            remember: None,
+        }
+    }
+
+    fn stage(stage: StageName, saved: usize, details: StageDetails) -> StageReport {
+        StageReport {
+            stage,
+            tokens_before: 1_000,
+            tokens_after: 1_000 - saved,
+            applied: saved > 0,
+            details,
+        }
+    }
+
+    #[test]
+    fn a_sent_rewrite_is_counted_from_its_stage_reports() {
+        let metrics = Metrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let labels = ChatLabels::unknown("default");
+        let tools = ToolsDetails {
+            sent: Some(2),
+            ..ToolsDetails::all_sent(5, Reason::Match)
+        };
+        let compact = CompactDetails {
+            cleared: 3,
+            json_compacted: 1,
+            text_compacted: 0,
+        };
+        let rewrite = rewrite(vec![
+            stage(StageName::Tools, 100, StageDetails::Tools(tools)),
+            stage(StageName::Compact, 500, StageDetails::Compact(compact)),
+        ]);
+        metrics.count_rewrite_sent(&rewrite, BudgetOutcome::Fit, &labels);
+
+        let tools = |phase: ToolPhase| metrics.tools.with_label_values(&[phase.as_str()]).get();
+        assert_eq!((tools(ToolPhase::Offered), tools(ToolPhase::Sent)), (5, 2));
+        let compactions = |method: Compaction| {
+            metrics
+                .compactions
+                .with_label_values(&[method.as_str()])
+                .get()
+        };
+        assert_eq!(compactions(Compaction::Cleared), 3);
+        assert_eq!(compactions(Compaction::Json), 1);
+        assert_eq!(compactions(Compaction::Text), 0);
+        let reason = Reason::Match.as_str();
+        assert_eq!(
+            metrics
+                .tool_filter_decisions
+                .with_label_values(&[reason])
+                .get(),
+            1
+        );
+        let saved = |stage: StageName| {
+            metrics
+                .tokens_saved
+                .with_label_values(&[stage.as_str(), "other", "default"])
+                .get()
+        };
+        assert_eq!(
+            (saved(StageName::Tools), saved(StageName::Compact)),
+            (100, 500)
+        );
+        let budget = metrics
+            .budget_outcomes
+            .with_label_values(&[BudgetOutcome::Fit.as_str(), "other", "default"])
+            .get();
+        assert_eq!(budget, 1);
+    }
+
+    #[test]
+    fn a_rewrite_dropped_whole_counts_every_tool_as_sent() {
+        let metrics = Metrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let tools = ToolsDetails {
+            sent: Some(2),
+            ..ToolsDetails::all_sent(5, Reason::Match)
+        };
+        // No stage applied: the client's request went upstream as it was.
+        let rewrite = rewrite(vec![stage(StageName::Tools, 0, StageDetails::Tools(tools))]);
+        let labels = ChatLabels::unknown("default");
+        metrics.count_rewrite_sent(&rewrite, BudgetOutcome::Fit, &labels);
+        let sent = metrics
+            .tools
+            .with_label_values(&[ToolPhase::Sent.as_str()])
+            .get();
+        assert_eq!(sent, 5);
+    }
+}

@@ -1,5 +1,5 @@
 //! OpenAI wire types: lossless, so that every field a client or an upstream sends survives
-//! parse → serialize, including fields this proxy does not know (DESIGN principle 2).
+//! parse → serialize, including fields this proxy does not know (ARCHITECTURE.md, principle 2).
 //!
 //! Only the fields ctxproxy reads or rewrites are typed; everything else lives in `extra`.
 

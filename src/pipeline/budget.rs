@@ -1,10 +1,10 @@
-//! `budget`: holds a request to its token budget (default 4,000; seed 002 §2.1, §4.1 step 5).
+//! `budget`: holds a request to its token budget (default 4,000).
 //! When the other stages leave it too large, they run again with tighter settings, one step at
 //! a time, least information per token first, until it fits: fewer summary segments, a smaller
 //! window (4 turns, then the working set alone), all but the last tool result cleared, harder
 //! compaction, shorter tool-parameter descriptions, and last no summary lines at all.
 //!
-//! No step touches the floor (DESIGN principle 8): the system message, the tools kept, the
+//! No step touches the floor (ARCHITECTURE.md, principle 8): the system message, the tools kept, the
 //! working set and the ledger. When the floor alone exceeds the budget, the report says which
 //! part is over; the caller's policy forwards it flagged (default) or rejects it.
 

@@ -1,4 +1,4 @@
-//! `compact`: tool results reduced to what matters (seed 000, Fase 2). Large JSON results keep
+//! `compact`: tool results reduced to what matters. Large JSON results keep
 //! their identifying fields, flatten `{login}`-style objects, drop nulls, shorten prose and cut
 //! lists by whole items; large text keeps its head and tail with the identifiers of the omitted
 //! middle listed. Old results become a one-line stub. Values are copied, never paraphrased:

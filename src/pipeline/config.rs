@@ -1,5 +1,5 @@
-//! Settings of the rewriting pipeline (`[pipeline]` in config.toml), with the seed numbers as
-//! defaults (seed 002 §2.1 unless noted).
+//! Settings of the rewriting pipeline (`[pipeline]` in config.toml), with the numbers the
+//! product was designed with as defaults.
 
 use serde::{Deserialize, Serialize};
 
@@ -70,7 +70,7 @@ impl Default for PipelineConfig {
     }
 }
 
-/// `[tools]`: tool filtering by category (seed 000 Fase 1, seed 001 §4).
+/// `[tools]`: tool filtering by category.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
@@ -132,7 +132,7 @@ pub struct ToolCategory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnNoMatch {
-    /// Send no tools (seed 000): the answer is text.
+    /// Send no tools: the answer is text.
     DropAll,
     /// Send every tool.
     KeepAll,
@@ -154,7 +154,7 @@ impl Default for SystemConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct WindowConfig {
     pub enabled: bool,
-    /// Turns kept verbatim by default, and the adaptive bounds (seed 002 §1.2).
+    /// Turns kept verbatim by default, and the adaptive bounds.
     pub turns: usize,
     pub min_turns: usize,
     pub max_turns: usize,
@@ -202,7 +202,7 @@ impl Default for WindowConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct FactsConfig {
     pub enabled: bool,
-    /// Cap of the `<user_facts>` section (seed 002 §3.2: 50–150 tokens).
+    /// Cap of the `<user_facts>` section (50–150 tokens).
     pub max_tokens: usize,
 }
 
@@ -222,7 +222,7 @@ pub struct CompactConfig {
     /// Tool results larger than this are compacted.
     pub tool_result_max_tokens: usize,
     /// Tool results older than the last N (and outside the working set) are replaced by a stub
-    /// listing the identifiers they held (seed 000, Fase 2).
+    /// listing the identifiers they held.
     pub keep_recent_results: usize,
     /// Cap of such a stub.
     pub stub_max_tokens: usize,
@@ -293,7 +293,7 @@ pub enum OnExceed {
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetConfig {
     pub enabled: bool,
-    /// Hard cap of a request: messages plus tool definitions (seed 002 §2.1).
+    /// Hard cap of a request: messages plus tool definitions.
     pub max_tokens: usize,
     pub on_exceed: OnExceed,
 }

@@ -1,4 +1,4 @@
-//! What a rewrite must never lose (DESIGN principle 8): the identifiers an agent reuses. An
+//! What a rewrite must never lose (ARCHITECTURE.md, principle 8): the identifiers an agent reuses. An
 //! identifier is an id or code (letters with digits, `#W…`, UUIDs, `credit_card_…`, flight
 //! numbers), an amount or price, a date or time, an email, or a name. Values are copied word for
 //! word with their label (`order_id: #W9348897`), never paraphrased.

@@ -1,5 +1,6 @@
 //! The rewriting pipeline: ordered, pure, synchronous stages over an owned chat request
-//! (DESIGN principle 1): `system → window → tools (later) → compact → budget`.
+//! (ARCHITECTURE.md, principle 1): `system → window → tools → compact → budget →
+//! reinforcement`, run whole or, between recompactions, replaced by an append (`prefix`).
 //!
 //! No I/O, no clock, no randomness here: the same request and config always give the same
 //! rewrite, so rewrites are golden-tested and stable across replicas and turns. A stage whose

@@ -1,4 +1,4 @@
-//! Prefix stability (DESIGN principle 4): within a conversation, a rewrite changes what was
+//! Prefix stability (ARCHITECTURE.md, principle 4): within a conversation, a rewrite changes what was
 //! already sent only when that pays for the provider's prompt cache it invalidates.
 //!
 //! Every earlier request of a conversation is a *point* of the history the client sends: the

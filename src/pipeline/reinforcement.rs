@@ -1,5 +1,5 @@
 //! When a conversation gets long, the route's reminder (`[reinforcement]`) ends the system
-//! message, so the model keeps following its operating mode (seed 003, phase 2.2). Added by
+//! message, so the model keeps following its operating mode. Added by
 //! `run` after every other stage: it is the last section, and the budget makes room for it.
 
 use crate::guards::ReinforcementConfig;
@@ -79,7 +79,10 @@ mod tests {
         assert!(text.starts_with("You are a filing agent."), "{text}");
         assert!(text.ends_with("\n\nREMINDER: use the tools."), "{text}");
         let stage = long.report.stages.last().unwrap();
-        assert_eq!((stage.stage, stage.applied), (StageName::Reinforcement, true));
+        assert_eq!(
+            (stage.stage, stage.applied),
+            (StageName::Reinforcement, true)
+        );
         assert!(stage.tokens_after > stage.tokens_before);
         assert_eq!(long.report.tokens_after, stage.tokens_after);
 

@@ -281,3 +281,85 @@ impl PipelineReport {
         self.stages.iter().find(|s| s.stage == stage)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn serialized(details: StageDetails) -> String {
+        serde_json::to_string(&details).unwrap_or_default()
+    }
+
+    #[test]
+    fn each_shape_of_the_tools_report_keeps_its_fields_in_order() {
+        assert_eq!(
+            serialized(StageDetails::Tools(ToolsDetails::offered(0))),
+            r#"{"offered":0}"#
+        );
+        let demanded = ToolsDetails {
+            tool_choice: Some(json!("required")),
+            ..ToolsDetails::all_sent(3, Reason::Protected)
+        };
+        assert_eq!(
+            serialized(StageDetails::Tools(demanded)),
+            r#"{"offered":3,"sent":3,"reason":"protected","tool_choice":"required"}"#
+        );
+        let small = ToolsDetails {
+            tool_tokens: Some(120),
+            ..ToolsDetails::all_sent(3, Reason::SmallBlock)
+        };
+        assert_eq!(
+            serialized(StageDetails::Tools(small)),
+            r#"{"offered":3,"sent":3,"reason":"small_block","tool_tokens":120}"#
+        );
+        let classified = ToolsDetails {
+            sent: Some(1),
+            reason: Some(Reason::NoMatchDrop),
+            classifier: Some(Classified {
+                categories: vec![],
+                scores: BTreeMap::from([(
+                    "mail".to_owned(),
+                    CategoryScore {
+                        score: 0.5,
+                        keywords: vec!["send".to_owned()],
+                    },
+                )]),
+                sticky: vec![],
+                protected: vec!["lookup".to_owned()],
+            }),
+            ..ToolsDetails::offered(4)
+        };
+        assert_eq!(
+            serialized(StageDetails::Tools(classified)),
+            r#"{"offered":4,"sent":1,"reason":"no_match_drop","categories":[],"scores":{"mail":{"score":0.5,"keywords":["send"]}},"sticky":[],"protected":["lookup"]}"#
+        );
+    }
+
+    #[test]
+    fn a_window_with_nothing_to_summarize_reports_three_fields() {
+        let details = WindowDetails {
+            turns: 2,
+            verbatim_turns: 2,
+            target: None,
+            reason: "adaptive",
+            summary: None,
+        };
+        assert_eq!(
+            serialized(StageDetails::Window(details)),
+            r#"{"turns":2,"verbatim_turns":2,"reason":"adaptive"}"#
+        );
+    }
+
+    #[test]
+    fn stage_names_are_their_metric_labels() {
+        for stage in StageName::ALL {
+            assert_eq!(
+                serde_json::to_value(stage).ok(),
+                Some(json!(stage.as_str()))
+            );
+            assert!(stage == stage.as_str());
+        }
+    }
+}

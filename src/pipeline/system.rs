@@ -1,6 +1,6 @@
 //! `system`: every `system` and `developer` message, wherever it stands, becomes one message at
 //! position 0 — the first verbatim, later ones after it in order, each in its own XML-tagged
-//! section; empty and exactly duplicated ones are dropped (seed 001 §2).
+//! section; empty and exactly duplicated ones are dropped.
 
 use super::report::{StageDetails, StageName, SystemDetails};
 use super::{Stage, StageCx, StageOutput};

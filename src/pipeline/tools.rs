@@ -1,4 +1,4 @@
-//! `tools`: only the tools the current request can need (seed 000 Fase 1, seed 001 §4).
+//! `tools`: only the tools the current request can need.
 //!
 //! Each category of the offered tools (see `catalog`) is scored by its keywords in the last
 //! user message and the assistant text it answers, plus, with a lower weight, in the recent

@@ -1,5 +1,5 @@
 //! `window`: the last turns stay verbatim; older turns become compact key-value summaries and
-//! the facts the user stated (seed 002 §1.1, §1.2, §2).
+//! the facts the user stated.
 //!
 //! A turn is a user message and everything after it up to the next user message, so a tool
 //! call and its results are never split. The verbatim window holds N turns (6; 8 when recent

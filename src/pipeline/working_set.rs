@@ -1,4 +1,4 @@
-//! The working set (DESIGN principle 8): what the next answer is about to use, which no window
+//! The working set (ARCHITECTURE.md, principle 8): what the next answer is about to use, which no window
 //! or budget step may remove. It is the last user message, the assistant message it answers
 //! (with that message's tool results), and the agent's latest `recent_tool_steps` tool calls
 //! after the last user message, with their results, whole.

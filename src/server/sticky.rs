@@ -1,4 +1,4 @@
-//! Sticky tool categories (seed 000 Fase 1): the categories of a conversation's last
+//! Sticky tool categories: the categories of a conversation's last
 //! tool-using turn, kept in the store so that a follow-up like "both" or "yes, do it" gets the
 //! same tools, on any replica. Saved after a response whose turn used tools (tool calls in
 //! the response, streamed or not, or in the current turn of the request) and cleared after a

@@ -1,4 +1,4 @@
-//! Facts the user stated explicitly (seed 002 §1.1: "recordá que…", "a partir de ahora…",
+//! Facts the user stated explicitly ("recordá que…", "a partir de ahora…",
 //! "decidí…"), taken from turns before they leave the window. Never inferred: only sentences
 //! that open with an explicit marker, copied as written. A later fact on the same subject
 //! replaces an earlier one; relevant facts and all preferences go to `<user_facts>`.

@@ -1,6 +1,6 @@
-//! The ledger: what the summarized turns held that an agent may reuse, word for word (DESIGN
-//! principle 8). Identifiers are grouped by where they came from, a tool call and its result,
-//! a user message or an assistant message, with their labels:
+//! The ledger: what the summarized turns held that an agent may reuse, word for word
+//! (ARCHITECTURE.md, principle 8). Identifiers are grouped by where they came from, a tool
+//! call and its result, a user message or an assistant message, with their labels:
 //! `get_order_details(order_id: #W1) → status: pending, items: [item_id: 6117189161, price: 481.5]`.
 //!
 //! The ledger is built from the turns before the window only, so it stays the same until the

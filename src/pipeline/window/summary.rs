@@ -1,4 +1,4 @@
-//! Key-value summaries of 3-turn segments (seed 002 §2.4: structured, never narrative), made
+//! Key-value summaries of 3-turn segments (structured, never narrative), made
 //! without any model: topic and discussed words by frequency, the outcome and decisions copied
 //! from the text, and open questions. Identifiers go to the ledger (`ledger.rs`), word for word. Each is at most
 //! `segment_max_tokens` tokens, and a segment's summary depends only on its own turns, so it

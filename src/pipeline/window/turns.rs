@@ -77,7 +77,7 @@ pub fn split_turns(messages: &[Message]) -> (&[Message], Vec<Turn<'_>>) {
 }
 
 /// Mean similarity of the last user message to the one before, and that one to its
-/// predecessor (seed 002 §1.2: "similarity in the last 2"). `None` with fewer than 2 pairs.
+/// predecessor (the similarity of the last 2). `None` with fewer than 2 pairs.
 pub fn continuity(turns: &[Turn<'_>]) -> Option<f64> {
     let users: Vec<String> = turns
         .iter()
@@ -91,7 +91,7 @@ pub fn continuity(turns: &[Turn<'_>]) -> Option<f64> {
     Some((cosine(&bags[2], &bags[1]) + cosine(&bags[1], &bags[0])) / 2.0)
 }
 
-/// Phrases that open a new topic (seed 002 §2.3), folded (no accents, lowercase).
+/// Phrases that open a new topic, folded (no accents, lowercase).
 const SHIFT_PHRASES: &[&str] = &[
     "otra cosa",
     "cambiando de tema",
