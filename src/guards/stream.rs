@@ -489,6 +489,18 @@ mod tests {
     const DONE: &str = "data: [DONE]\n\n";
 
     /// What a chunk the client gets looks like: always the first part's head.
+    /// A whole first part: role, one text chunk, the finish chunk, usage and `[DONE]`.
+    fn one_part(words: &str, finish: &str) -> String {
+        [
+            role(1),
+            text(1, words),
+            chunk(1, json!({}), Some(finish)),
+            usage(1, 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat()
+    }
+
     fn out(delta: &str, finish: &str) -> String {
         format!(
             "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\
@@ -566,14 +578,7 @@ mod tests {
 
     #[test]
     fn an_answer_that_is_not_cut_goes_out_as_it_came() {
-        let part = [
-            role(1),
-            text(1, "Hello there."),
-            chunk(1, json!({}), Some("stop")),
-            usage(1, 5, 3),
-            DONE.to_owned(),
-        ]
-        .concat();
+        let part = one_part("Hello there.", "stop");
         let run = run(
             &continuing(3),
             false,
@@ -589,14 +594,7 @@ mod tests {
     #[test]
     fn a_cut_answer_is_continued_as_one_answer_without_the_repeat() {
         let parts = [
-            [
-                role(1),
-                text(1, "The quick brown"),
-                chunk(1, json!({}), Some("length")),
-                usage(1, 5, 3),
-                DONE.to_owned(),
-            ]
-            .concat(),
+            one_part("The quick brown", "length"),
             [
                 role(2),
                 text(2, " brown fox"),
@@ -680,14 +678,7 @@ mod tests {
 
     #[test]
     fn a_failed_continuation_ends_the_answer_as_the_upstream_cut_it() {
-        let part = [
-            role(1),
-            text(1, "The quick brown"),
-            chunk(1, json!({}), Some("length")),
-            usage(1, 5, 3),
-            DONE.to_owned(),
-        ]
-        .concat();
+        let part = one_part("The quick brown", "length");
         let run = run(
             &continuing(3),
             false,

@@ -18,12 +18,8 @@ pub(super) async fn guard_json(
     call: &GuardCall,
     answer: UpstreamResponse,
 ) -> Result<(UpstreamResponse, Flags), ProxyError> {
-    let UpstreamResponse {
-        response,
-        started,
-        deadline,
-    } = answer;
-    let (mut parts, body) = response.into_parts();
+    let (started, deadline) = (answer.started, answer.deadline);
+    let (mut parts, body) = answer.response.into_parts();
     let upstream = &call.upstream.config;
     let read = Limited::new(body, MAX_JSON_BYTES).collect();
     let bytes = tokio::time::timeout_at(deadline, read)

@@ -16,12 +16,8 @@ use crate::upstream::{UpstreamResponse, is_event_stream};
 type Events = mpsc::Sender<Result<Bytes, std::io::Error>>;
 
 pub(super) fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> UpstreamResponse {
-    let UpstreamResponse {
-        response,
-        started,
-        deadline,
-    } = answer;
-    let (mut parts, body) = response.into_parts();
+    let (started, deadline) = (answer.started, answer.deadline);
+    let (mut parts, body) = answer.response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     // Each continuation part has the whole total timeout of its own.
     let continuation = &call.guards().continuation;
