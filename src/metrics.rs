@@ -6,7 +6,8 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Config, glob_match};
+use crate::config::Config;
+use crate::glob::glob_match;
 
 /// The `model` and `tenant` labels of one chat request. Both come from bounded sets: the
 /// model as named by a configured route or price (else `other`), the tenant from `[auth]`.

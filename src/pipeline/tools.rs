@@ -20,7 +20,7 @@ pub use catalog::Catalog;
 use super::config::OnNoMatch;
 use super::text::content_words;
 use super::{Memo, Stage, StageCx, StageOutput};
-use crate::config::glob_match;
+use crate::glob::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use catalog::tool_name;
 
