@@ -1,16 +1,14 @@
 //! The `ctxproxy` command line: parses arguments and calls the library.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use ctxproxy::cli::{Failure, Outcome};
 use ctxproxy::config::Config;
-use ctxproxy::mock_upstream::{self, MockOptions};
-use ctxproxy::server::{self, AppState};
-use ctxproxy::telemetry;
+use ctxproxy::{mock_upstream, server};
 
 /// mimalloc: the proxy allocates and frees many small JSON values per request; glibc's
 /// allocator spent about a third of the CPU at 1,000 requests/s.
@@ -31,18 +29,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy.
-    Serve {
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-        /// Overrides `server.listen`.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-    },
+    Serve(server::ServeArgs),
     /// Validate a config file and print the effective config (secrets redacted).
-    CheckConfig {
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-    },
+    CheckConfig(server::CheckConfigArgs),
     /// Run the pipeline over recorded requests (JSONL) and report the savings per stage and,
     /// with the answers the model gave, the fidelity of the rewrites (per file and overall).
     Analyze {
@@ -136,22 +125,7 @@ enum Command {
         command: ReportCommand,
     },
     /// Run a fake OpenAI-compatible model (for tests, demos and load runs).
-    MockUpstream {
-        #[arg(long, default_value = "127.0.0.1:9000")]
-        listen: SocketAddr,
-        /// Delay before the first byte of every answer.
-        #[arg(long, default_value_t = 0)]
-        latency_ms: u64,
-        /// Streaming pace; 0 sends every chunk at once.
-        #[arg(long, default_value_t = 0.0)]
-        tokens_per_sec: f64,
-        /// A uniformly random extra delay of up to this many ms, on top of --latency-ms.
-        #[arg(long, default_value_t = 0)]
-        jitter_ms: u64,
-        /// Share of requests (0 to 1) answered with a 500 error, at random.
-        #[arg(long, default_value_t = 0.0)]
-        error_rate: f64,
-    },
+    MockUpstream(mock_upstream::MockUpstreamArgs),
 }
 
 #[derive(Subcommand)]
@@ -203,23 +177,8 @@ const EXIT_CONFIG: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { config } => match Config::load(&config) {
-            Ok(config) => {
-                print!("{}", config.effective_toml());
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::Serve { config, listen } => {
-            let mut loaded = match Config::load(&config) {
-                Ok(loaded) => loaded,
-                Err(e) => return config_error(&config, &e),
-            };
-            if let Some(listen) = listen {
-                loaded.server.listen = listen;
-            }
-            run_async(serve(loaded))
-        }
+        Command::CheckConfig(args) => exit_code(server::check_config(args)),
+        Command::Serve(args) => exit_code(server::cmd(args)),
         Command::Analyze {
             files,
             growth,
@@ -461,20 +420,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::MockUpstream {
-            listen,
-            latency_ms,
-            tokens_per_sec,
-            jitter_ms,
-            error_rate,
-        } => {
-            let options = MockOptions {
-                latency: Duration::from_millis(latency_ms),
-                tokens_per_sec: (tokens_per_sec > 0.0).then_some(tokens_per_sec),
-                jitter: Duration::from_millis(jitter_ms),
-                error_rate: error_rate.clamp(0.0, 1.0),
-            };
-            run_async(mock(listen, options))
+        Command::MockUpstream(args) => exit_code(mock_upstream::cmd(args)),
+    }
+}
+
+fn exit_code(outcome: Outcome) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("{failure}");
+            match failure {
+                Failure::Config(_) => ExitCode::from(EXIT_CONFIG),
+                Failure::Other(_) => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -502,33 +460,4 @@ fn run_async(task: impl std::future::Future<Output = Result<(), String>>) -> Exi
             ExitCode::FAILURE
         }
     }
-}
-
-async fn serve(config: Config) -> Result<(), String> {
-    telemetry::init(&config.log);
-    let listen = config.server.listen;
-    let state = AppState::new(config).map_err(|e| e.to_string())?;
-    state.tokenizers.warm_up();
-    state.store.check_at_start().await;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    tracing::info!(%listen, version = env!("CARGO_PKG_VERSION"), "ctxproxy listening");
-    let served = server::serve(listener, state.clone(), server::shutdown_signal()).await;
-    // What was recorded before the stop reaches the file.
-    let _ = tokio::task::spawn_blocking(move || {
-        state.recorder.close(std::time::Duration::from_secs(5));
-    })
-    .await;
-    served.map_err(|e| e.to_string())
-}
-
-async fn mock(listen: SocketAddr, options: MockOptions) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    eprintln!("mock upstream listening on http://{listen}/v1");
-    mock_upstream::serve(listener, options, server::shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
 }
