@@ -7,8 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use ctxproxy::cli::{Failure, Outcome};
-use ctxproxy::config::Config;
-use ctxproxy::{mock_upstream, server};
+use ctxproxy::{analyze, mock_upstream, server};
 
 /// mimalloc: the proxy allocates and frees many small JSON values per request; glibc's
 /// allocator spent about a third of the CPU at 1,000 requests/s.
@@ -34,43 +33,7 @@ enum Command {
     CheckConfig(server::CheckConfigArgs),
     /// Run the pipeline over recorded requests (JSONL) and report the savings per stage and,
     /// with the answers the model gave, the fidelity of the rewrites (per file and overall).
-    Analyze {
-        /// One request body, or one `{"request": …}` object (a recording), per line.
-        /// `FILE.meta.jsonl` beside a file gives the recorded answers.
-        #[arg(required_unless_present = "growth")]
-        files: Vec<PathBuf>,
-        /// Instead of a file, report the tokens sent for one synthetic agent conversation at
-        /// 10, 20, 50 and 100 turns (the window keeps this flat).
-        #[arg(long, conflicts_with = "files")]
-        growth: bool,
-        /// The file holds labelled question pairs (`{"a","b","duplicate"}`): report the
-        /// precision and recall of the dedup decision at `--threshold`.
-        #[arg(long)]
-        pairs: bool,
-        #[arg(long, default_value_t = 0.85)]
-        threshold: f32,
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Also print every request where tool filtering removed a tool the recorded answer
-        /// called, with the classifier's scores (needs FILE.meta.jsonl).
-        #[arg(long)]
-        misses: bool,
-        /// Also print every identifier of a recorded answer that a rewrite lost: the request,
-        /// the message it was in, and the stage that removed it.
-        #[arg(long)]
-        losses: bool,
-        /// Instead, bill the input of conversations in order (FILE.meta.jsonl's `conversation`
-        /// groups them) with the provider's prompt cache, as sent and as rewritten: input
-        /// tokens, cached share, bill at each cached-price ratio, and USD with `[prices]`.
-        #[arg(long)]
-        cost: bool,
-        /// With --cost: prices of a cached token relative to an uncached one.
-        #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.25,0.1")]
-        cached_ratio: Vec<f64>,
-    },
+    Analyze(analyze::AnalyzeArgs),
     /// Replay recorded chat requests against a target as a load test, and summarize.
     Replay {
         /// ctxproxy recordings or JSONL request bodies (one per line); cycled as needed.
@@ -179,136 +142,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig(args) => exit_code(server::check_config(args)),
         Command::Serve(args) => exit_code(server::cmd(args)),
-        Command::Analyze {
-            files,
-            growth,
-            pairs,
-            threshold,
-            config,
-            json,
-            misses,
-            losses,
-            cost,
-            cached_ratio,
-        } => {
-            let loaded = match Config::load(&config) {
-                Ok(loaded) => loaded,
-                Err(e) => return config_error(&config, &e),
-            };
-            let tokenizers = ctxproxy::tokens::Tokenizers::default();
-            tokenizers.warm_up();
-            if growth || files.is_empty() {
-                let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&rows).unwrap_or_default()
-                    );
-                } else {
-                    print!("{}", ctxproxy::analyze::render_growth(&rows));
-                }
-                return ExitCode::SUCCESS;
-            }
-            let open = |file: &PathBuf| {
-                std::fs::File::open(file)
-                    .map(std::io::BufReader::new)
-                    .map_err(|e| eprintln!("cannot read {}: {e}", file.display()))
-            };
-            // FILE.meta.jsonl beside a file: the recorded answers and conversations.
-            let open_meta = |file: &PathBuf| {
-                std::fs::File::open(file.with_extension("meta.jsonl"))
-                    .ok()
-                    .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>)
-            };
-            if pairs {
-                for file in &files {
-                    let Ok(reader) = open(file) else {
-                        return ExitCode::FAILURE;
-                    };
-                    match ctxproxy::analyze::dedup_pairs(reader, threshold) {
-                        Ok(eval) => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&eval).unwrap_or_default()
-                        ),
-                        Err(e) => {
-                            eprintln!("cannot read {}: {e}", file.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-                return ExitCode::SUCCESS;
-            }
-            if cost {
-                for file in &files {
-                    let Ok(reader) = open(file) else {
-                        return ExitCode::FAILURE;
-                    };
-                    match ctxproxy::analyze::cost::cost(
-                        reader,
-                        open_meta(file),
-                        &loaded,
-                        &tokenizers,
-                        &cached_ratio,
-                    ) {
-                        Ok(report) if json => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&report).unwrap_or_default()
-                        ),
-                        Ok(report) => {
-                            println!("== {}", file.display());
-                            print!("{}", report.render());
-                        }
-                        Err(e) => {
-                            eprintln!("cannot read {}: {e}", file.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-                return ExitCode::SUCCESS;
-            }
-            let mut analyses = Vec::new();
-            for file in &files {
-                let Ok(reader) = open(file) else {
-                    return ExitCode::FAILURE;
-                };
-                match ctxproxy::analyze::analyze(reader, open_meta(file), &loaded, &tokenizers) {
-                    Ok(analysis) => analyses.push((file.display().to_string(), analysis)),
-                    Err(e) => {
-                        eprintln!("cannot read {}: {e}", file.display());
-                        return ExitCode::FAILURE;
-                    }
-                }
-            }
-            if json {
-                let files: serde_json::Map<String, serde_json::Value> = analyses
-                    .iter()
-                    .map(|(name, a)| (name.clone(), serde_json::to_value(a).unwrap_or_default()))
-                    .collect();
-                let report = serde_json::json!({
-                    "files": files,
-                    "fidelity": ctxproxy::analyze::fidelity_total(&analyses),
-                });
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-                return ExitCode::SUCCESS;
-            }
-            for (name, analysis) in &analyses {
-                if analyses.len() > 1 {
-                    println!("== {name}");
-                }
-                print!("{}", analysis.render());
-                if misses {
-                    print!("{}", analysis.render_misses());
-                }
-            }
-            print!("{}", ctxproxy::analyze::render_fidelity(&analyses));
-            if losses {
-                print!("{}", ctxproxy::analyze::render_losses(&analyses));
-            }
-            ExitCode::SUCCESS
-        }
+        Command::Analyze(args) => exit_code(analyze::cmd(args)),
         Command::Replay {
             files,
             target,
@@ -435,11 +269,6 @@ fn exit_code(outcome: Outcome) -> ExitCode {
             }
         }
     }
-}
-
-fn config_error(path: &std::path::Path, e: &ctxproxy::config::ConfigError) -> ExitCode {
-    eprintln!("invalid config {}: {e}", path.display());
-    ExitCode::from(EXIT_CONFIG)
 }
 
 fn run_async(task: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
