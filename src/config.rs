@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheConfig;
+use crate::glob::glob_match;
 use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::ToolsConfig;
@@ -825,34 +826,6 @@ fn apply_env_overrides(
     Ok(())
 }
 
-/// `*` matches any run of characters, `?` one character; everything else is literal.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let mut backtrack: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        match p.get(pi) {
-            Some('*') => {
-                backtrack = Some((pi, ti));
-                pi += 1;
-            }
-            Some(&c) if c == '?' || c == t[ti] => {
-                pi += 1;
-                ti += 1;
-            }
-            _ => match backtrack {
-                Some((star, matched)) => {
-                    pi = star + 1;
-                    ti = matched + 1;
-                    backtrack = Some((star, matched + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
 /// A level (`info`) or a tracing filter whose bare words are levels (`info,hyper=warn`):
 /// a bare word that is not a level (`infoo`) is a typo, not a target to filter on.
 fn is_log_filter(filter: &str) -> bool {
@@ -1064,16 +1037,6 @@ mod tests {
         assert_eq!(config.upstreams[1].base_url, "http://127.0.0.1:11434/v1");
         let no_default = Config::from_toml("[upstream]\nbase_url = \"\"", no_env()).unwrap();
         assert_eq!(no_default.upstream_for_model("gpt-4o"), None);
-    }
-
-    #[test]
-    fn glob() {
-        assert!(glob_match("gpt-*", "gpt-4o"));
-        assert!(glob_match("*", ""));
-        assert!(glob_match("*-mini", "gpt-4o-mini"));
-        assert!(glob_match("a*b*c", "aXbYbZc"));
-        assert!(!glob_match("gpt-*", "chatgpt-4o"));
-        assert!(!glob_match("gpt-4o", "gpt-4o-mini"));
     }
 
     #[test]

@@ -7,9 +7,11 @@ pub mod auth; // proxy keys → tenants
 pub mod bill; // the input bill with the provider's prompt cache, and what a rewrite saved
 pub mod body; // response body adapters (end observation, deadlines, SSE framing)
 pub mod cache; // response caches: eligibility, keys, stream assembly and replay
+pub mod cli; // what the subcommands share: failures, config loading, the runtime
 pub mod config; // typed config, env overrides, validation
 pub mod conversation; // conversation identity (header, user, or first messages), per tenant
 pub mod error; // ProxyError → OpenAI-format responses
+pub mod glob; // `gpt-*` name patterns for models and tools
 pub mod guards; // agent guards: continuation of cut answers, reminders, claimed actions
 pub mod metrics; // every Prometheus metric
 pub mod mock_upstream; // the fake OpenAI model for tests and load runs

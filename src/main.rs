@@ -1,16 +1,12 @@
-//! The `ctxproxy` command line: parses arguments and calls the library.
+//! The `ctxproxy` command line: parses arguments, hands each subcommand to the module that owns
+//! it, and turns how it ended into the exit code.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use ctxproxy::config::Config;
-use ctxproxy::mock_upstream::{self, MockOptions};
-use ctxproxy::server::{self, AppState};
-use ctxproxy::telemetry;
+use ctxproxy::cli::Failure;
+use ctxproxy::{analyze, mock_upstream, replay, server};
 
 /// mimalloc: the proxy allocates and frees many small JSON values per request; glibc's
 /// allocator spent about a third of the CPU at 1,000 requests/s.
@@ -31,504 +27,43 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy.
-    Serve {
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-        /// Overrides `server.listen`.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-    },
+    Serve(server::ServeArgs),
     /// Validate a config file and print the effective config (secrets redacted).
-    CheckConfig {
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-    },
+    CheckConfig(server::CheckConfigArgs),
     /// Run the pipeline over recorded requests (JSONL) and report the savings per stage and,
     /// with the answers the model gave, the fidelity of the rewrites (per file and overall).
-    Analyze {
-        /// One request body, or one `{"request": …}` object (a recording), per line.
-        /// `FILE.meta.jsonl` beside a file gives the recorded answers.
-        #[arg(required_unless_present = "growth")]
-        files: Vec<PathBuf>,
-        /// Instead of a file, report the tokens sent for one synthetic agent conversation at
-        /// 10, 20, 50 and 100 turns (the window keeps this flat).
-        #[arg(long, conflicts_with = "files")]
-        growth: bool,
-        /// The file holds labelled question pairs (`{"a","b","duplicate"}`): report the
-        /// precision and recall of the dedup decision at `--threshold`.
-        #[arg(long)]
-        pairs: bool,
-        #[arg(long, default_value_t = 0.85)]
-        threshold: f32,
-        #[arg(long, short, default_value = "config.toml", env = "CTXPROXY_CONFIG")]
-        config: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Also print every request where tool filtering removed a tool the recorded answer
-        /// called, with the classifier's scores (needs FILE.meta.jsonl).
-        #[arg(long)]
-        misses: bool,
-        /// Also print every identifier of a recorded answer that a rewrite lost: the request,
-        /// the message it was in, and the stage that removed it.
-        #[arg(long)]
-        losses: bool,
-        /// Instead, bill the input of conversations in order (FILE.meta.jsonl's `conversation`
-        /// groups them) with the provider's prompt cache, as sent and as rewritten: input
-        /// tokens, cached share, bill at each cached-price ratio, and USD with `[prices]`.
-        #[arg(long)]
-        cost: bool,
-        /// With --cost: prices of a cached token relative to an uncached one.
-        #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.25,0.1")]
-        cached_ratio: Vec<f64>,
-    },
+    Analyze(analyze::AnalyzeArgs),
     /// Replay recorded chat requests against a target as a load test, and summarize.
-    Replay {
-        /// ctxproxy recordings or JSONL request bodies (one per line); cycled as needed.
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// A ctxproxy (`http://127.0.0.1:8080`) or any OpenAI-compatible base URL.
-        #[arg(long)]
-        target: String,
-        /// Closed loop: this many requests in flight, each sent when the previous one ends.
-        #[arg(long, conflicts_with_all = ["rate", "timing"])]
-        concurrency: Option<usize>,
-        /// Open loop: this many requests per second, whatever the answers take.
-        #[arg(long, conflicts_with = "timing")]
-        rate: Option<f64>,
-        /// `recorded`: send at the recorded inter-arrival times (`unix_ms` of each line).
-        #[arg(long, value_enum)]
-        timing: Option<TimingArg>,
-        /// With `--timing recorded`: 2 replays twice as fast.
-        #[arg(long, default_value_t = 1.0)]
-        speed: f64,
-        /// Stop after this many requests …
-        #[arg(long)]
-        requests: Option<u64>,
-        /// … or after this long (`30s`, `2m`, `500ms`), whichever comes first. With neither,
-        /// every request of the files is sent once.
-        #[arg(long, value_parser = parse_duration)]
-        duration: Option<Duration>,
-        /// An extra request header, `Name: value` (repeatable), e.g. `X-Ctxproxy-Mode: off`.
-        #[arg(long = "header", short = 'H')]
-        headers: Vec<String>,
-        /// Streaming as recorded, or forced on or off.
-        #[arg(long, value_enum, default_value = "recorded")]
-        stream: StreamArg,
-        /// Send a distinct `user` field with every request (`replay-<run>-<n>`): with
-        /// `[cache.dedup] scope = "user"`, caches are looked up but never hit.
-        #[arg(long)]
-        vary_user: bool,
-        /// Seconds before one request is given up (an error without a status).
-        #[arg(long, default_value_t = 120)]
-        timeout_secs: u64,
-        /// Write the summary as JSON.
-        #[arg(long)]
-        output: Option<PathBuf>,
-        /// Run once per ctxproxy mode (`off,optimize`, sent as X-Ctxproxy-Mode) and print the
-        /// runs side by side.
-        #[arg(long, value_delimiter = ',')]
-        compare: Vec<String>,
-    },
+    Replay(replay::ReplayArgs),
     /// Work with replay reports.
     Report {
         #[command(subcommand)]
-        command: ReportCommand,
+        command: replay::ReportCommand,
     },
     /// Run a fake OpenAI-compatible model (for tests, demos and load runs).
-    MockUpstream {
-        #[arg(long, default_value = "127.0.0.1:9000")]
-        listen: SocketAddr,
-        /// Delay before the first byte of every answer.
-        #[arg(long, default_value_t = 0)]
-        latency_ms: u64,
-        /// Streaming pace; 0 sends every chunk at once.
-        #[arg(long, default_value_t = 0.0)]
-        tokens_per_sec: f64,
-        /// A uniformly random extra delay of up to this many ms, on top of --latency-ms.
-        #[arg(long, default_value_t = 0)]
-        jitter_ms: u64,
-        /// Share of requests (0 to 1) answered with a 500 error, at random.
-        #[arg(long, default_value_t = 0.0)]
-        error_rate: f64,
-    },
-}
-
-#[derive(Subcommand)]
-enum ReportCommand {
-    /// Two `replay --output` reports side by side.
-    Diff { a: PathBuf, b: PathBuf },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum TimingArg {
-    Recorded,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum StreamArg {
-    Recorded,
-    On,
-    Off,
-}
-
-/// `30s`, `2m`, `500ms`, `1h`, or plain seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 30s, 2m, 500ms"))?;
-    let seconds = match unit {
-        "ms" => value / 1e3,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => return Err(format!("unknown unit `{other}` (ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
-}
-
-fn read_report(path: &std::path::Path) -> Result<ctxproxy::replay::Report, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    MockUpstream(mock_upstream::MockUpstreamArgs),
 }
 
 /// Exit code for an invalid configuration.
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::CheckConfig { config } => match Config::load(&config) {
-            Ok(config) => {
-                print!("{}", config.effective_toml());
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::Serve { config, listen } => {
-            let mut loaded = match Config::load(&config) {
-                Ok(loaded) => loaded,
-                Err(e) => return config_error(&config, &e),
-            };
-            if let Some(listen) = listen {
-                loaded.server.listen = listen;
-            }
-            run_async(serve(loaded))
-        }
-        Command::Analyze {
-            files,
-            growth,
-            pairs,
-            threshold,
-            config,
-            json,
-            misses,
-            losses,
-            cost,
-            cached_ratio,
-        } => {
-            let loaded = match Config::load(&config) {
-                Ok(loaded) => loaded,
-                Err(e) => return config_error(&config, &e),
-            };
-            let tokenizers = ctxproxy::tokens::Tokenizers::default();
-            tokenizers.warm_up();
-            if growth || files.is_empty() {
-                let rows = ctxproxy::analyze::growth(&loaded, &tokenizers, &[10, 20, 50, 100]);
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&rows).unwrap_or_default()
-                    );
-                } else {
-                    print!("{}", ctxproxy::analyze::render_growth(&rows));
-                }
-                return ExitCode::SUCCESS;
-            }
-            let open = |file: &PathBuf| {
-                std::fs::File::open(file)
-                    .map(std::io::BufReader::new)
-                    .map_err(|e| eprintln!("cannot read {}: {e}", file.display()))
-            };
-            // FILE.meta.jsonl beside a file: the recorded answers and conversations.
-            let open_meta = |file: &PathBuf| {
-                std::fs::File::open(file.with_extension("meta.jsonl"))
-                    .ok()
-                    .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>)
-            };
-            if pairs {
-                for file in &files {
-                    let Ok(reader) = open(file) else {
-                        return ExitCode::FAILURE;
-                    };
-                    match ctxproxy::analyze::dedup_pairs(reader, threshold) {
-                        Ok(eval) => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&eval).unwrap_or_default()
-                        ),
-                        Err(e) => {
-                            eprintln!("cannot read {}: {e}", file.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-                return ExitCode::SUCCESS;
-            }
-            if cost {
-                for file in &files {
-                    let Ok(reader) = open(file) else {
-                        return ExitCode::FAILURE;
-                    };
-                    match ctxproxy::analyze::cost::cost(
-                        reader,
-                        open_meta(file),
-                        &loaded,
-                        &tokenizers,
-                        &cached_ratio,
-                    ) {
-                        Ok(report) if json => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&report).unwrap_or_default()
-                        ),
-                        Ok(report) => {
-                            println!("== {}", file.display());
-                            print!("{}", report.render());
-                        }
-                        Err(e) => {
-                            eprintln!("cannot read {}: {e}", file.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-                return ExitCode::SUCCESS;
-            }
-            let mut analyses = Vec::new();
-            for file in &files {
-                let Ok(reader) = open(file) else {
-                    return ExitCode::FAILURE;
-                };
-                match ctxproxy::analyze::analyze(reader, open_meta(file), &loaded, &tokenizers) {
-                    Ok(analysis) => analyses.push((file.display().to_string(), analysis)),
-                    Err(e) => {
-                        eprintln!("cannot read {}: {e}", file.display());
-                        return ExitCode::FAILURE;
-                    }
-                }
-            }
-            if json {
-                let files: serde_json::Map<String, serde_json::Value> = analyses
-                    .iter()
-                    .map(|(name, a)| (name.clone(), serde_json::to_value(a).unwrap_or_default()))
-                    .collect();
-                let report = serde_json::json!({
-                    "files": files,
-                    "fidelity": ctxproxy::analyze::fidelity_total(&analyses),
-                });
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-                return ExitCode::SUCCESS;
-            }
-            for (name, analysis) in &analyses {
-                if analyses.len() > 1 {
-                    println!("== {name}");
-                }
-                print!("{}", analysis.render());
-                if misses {
-                    print!("{}", analysis.render_misses());
-                }
-            }
-            print!("{}", ctxproxy::analyze::render_fidelity(&analyses));
-            if losses {
-                print!("{}", ctxproxy::analyze::render_losses(&analyses));
-            }
-            ExitCode::SUCCESS
-        }
-        Command::Replay {
-            files,
-            target,
-            concurrency,
-            rate,
-            timing,
-            speed,
-            requests,
-            duration,
-            headers,
-            stream,
-            vary_user,
-            timeout_secs,
-            output,
-            compare,
-        } => {
-            let (recorded, skipped) = match ctxproxy::replay::load(&files) {
-                Ok(loaded) => loaded,
-                Err(e) => {
-                    eprintln!("cannot read the requests: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            if skipped > 0 {
-                eprintln!("skipped {skipped} lines that hold no chat request");
-            }
-            let mut parsed_headers = Vec::new();
-            for header in &headers {
-                let Some((name, value)) = header.split_once(':') else {
-                    eprintln!("--header `{header}`: expected `Name: value`");
-                    return ExitCode::FAILURE;
-                };
-                parsed_headers.push((name.trim().to_owned(), value.trim().to_owned()));
-            }
-            let pacing = match (rate, timing) {
-                (Some(rate), _) => ctxproxy::replay::Pacing::Rate { rate },
-                (None, Some(TimingArg::Recorded)) => ctxproxy::replay::Pacing::Recorded { speed },
-                (None, None) => ctxproxy::replay::Pacing::Closed {
-                    concurrency: concurrency.unwrap_or(8),
-                },
-            };
-            let base = ctxproxy::replay::Options {
-                target,
-                pacing,
-                requests,
-                duration,
-                headers: parsed_headers,
-                stream: match stream {
-                    StreamArg::Recorded => ctxproxy::replay::StreamMode::Recorded,
-                    StreamArg::On => ctxproxy::replay::StreamMode::On,
-                    StreamArg::Off => ctxproxy::replay::StreamMode::Off,
-                },
-                vary_user,
-                timeout: Duration::from_secs(timeout_secs),
-                progress: true,
-                label: "run".to_owned(),
-            };
-            let runs: Vec<ctxproxy::replay::Options> = if compare.is_empty() {
-                vec![base]
-            } else {
-                compare
-                    .iter()
-                    .map(|mode| {
-                        let mut options = base.clone();
-                        options.label = mode.clone();
-                        options
-                            .headers
-                            .push(("X-Ctxproxy-Mode".to_owned(), mode.clone()));
-                        options
-                    })
-                    .collect()
-            };
-            run_async(async move {
-                let mut reports = Vec::new();
-                for options in &runs {
-                    reports.push(ctxproxy::replay::run(options, &recorded).await?);
-                }
-                match reports.as_slice() {
-                    [one] => print!("{}", one.render()),
-                    [a, b, ..] => print!("{}", ctxproxy::replay::diff(a, b)),
-                    [] => {}
-                }
-                if let Some(path) = output {
-                    let json = if reports.len() == 1 {
-                        serde_json::to_string_pretty(&reports[0])
-                    } else {
-                        serde_json::to_string_pretty(&reports)
-                    }
-                    .map_err(|e| e.to_string())?;
-                    std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
-                }
-                Ok(())
-            })
-        }
-        Command::Report {
-            command: ReportCommand::Diff { a, b },
-        } => match (read_report(&a), read_report(&b)) {
-            (Ok(mut left), Ok(mut right)) => {
-                // Two runs of one command share a label: name them by their files.
-                if left.label == right.label {
-                    left.label = a.display().to_string();
-                    right.label = b.display().to_string();
-                }
-                print!("{}", ctxproxy::replay::diff(&left, &right));
-                ExitCode::SUCCESS
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::MockUpstream {
-            listen,
-            latency_ms,
-            tokens_per_sec,
-            jitter_ms,
-            error_rate,
-        } => {
-            let options = MockOptions {
-                latency: Duration::from_millis(latency_ms),
-                tokens_per_sec: (tokens_per_sec > 0.0).then_some(tokens_per_sec),
-                jitter: Duration::from_millis(jitter_ms),
-                error_rate: error_rate.clamp(0.0, 1.0),
-            };
-            run_async(mock(listen, options))
-        }
-    }
-}
-
-fn config_error(path: &std::path::Path, e: &ctxproxy::config::ConfigError) -> ExitCode {
-    eprintln!("invalid config {}: {e}", path.display());
-    ExitCode::from(EXIT_CONFIG)
-}
-
-fn run_async(task: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let outcome = match Cli::parse().command {
+        Command::Serve(args) => server::cmd(args),
+        Command::CheckConfig(args) => server::check_config(args),
+        Command::Analyze(args) => analyze::cmd(args),
+        Command::Replay(args) => replay::cmd(args),
+        Command::Report { command } => replay::report_cmd(command),
+        Command::MockUpstream(args) => mock_upstream::cmd(args),
     };
-    match runtime.block_on(task) {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
+        Err(failure) => {
+            eprintln!("{failure}");
+            match failure {
+                Failure::Config(_) => ExitCode::from(EXIT_CONFIG),
+                Failure::Other(_) => ExitCode::FAILURE,
+            }
         }
     }
-}
-
-async fn serve(config: Config) -> Result<(), String> {
-    telemetry::init(&config.log);
-    let listen = config.server.listen;
-    let state = AppState::new(config).map_err(|e| e.to_string())?;
-    state.tokenizers.warm_up();
-    state.store.check_at_start().await;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    tracing::info!(%listen, version = env!("CARGO_PKG_VERSION"), "ctxproxy listening");
-    let served = server::serve(listener, state.clone(), server::shutdown_signal()).await;
-    // What was recorded before the stop reaches the file.
-    let _ = tokio::task::spawn_blocking(move || {
-        state.recorder.close(std::time::Duration::from_secs(5));
-    })
-    .await;
-    served.map_err(|e| e.to_string())
-}
-
-async fn mock(listen: SocketAddr, options: MockOptions) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    eprintln!("mock upstream listening on http://{listen}/v1");
-    mock_upstream::serve(listener, options, server::shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
 }

@@ -3,8 +3,10 @@
 //! per request, with the pipeline's own time. No upstream is called. With the answers the
 //! model really gave (`FILE.meta.jsonl`, or the `response` of a `[record]` recording) it also
 //! reports fidelity: what the rewrites lost that the answer used (`fidelity.rs`). With
-//! `--cost`, the billed input with the provider's prompt cache (`cost.rs`).
+//! `--cost`, the billed input with the provider's prompt cache (`cost.rs`). The flags, and which
+//! report they ask for: `command.rs`.
 
+mod command;
 pub mod cost;
 pub mod fidelity;
 
@@ -19,6 +21,8 @@ use crate::config::Config;
 use crate::openai::{ChatRequest, Role};
 use crate::pipeline::{self, StageName};
 use crate::tokens::Tokenizers;
+
+pub use command::{AnalyzeArgs, cmd};
 
 #[derive(Debug, Default, Serialize)]
 pub struct StageTotals {

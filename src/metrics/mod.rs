@@ -16,7 +16,8 @@ pub use labels::{
     UsageKind,
 };
 
-use crate::config::{Config, glob_match};
+use crate::config::Config;
+use crate::glob::glob_match;
 use crate::pipeline::tools::Reason;
 
 /// The `model` and `tenant` labels of one chat request. Both come from bounded sets: the

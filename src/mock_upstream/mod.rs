@@ -13,6 +13,7 @@
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
 
+mod command;
 mod embeddings;
 mod reply;
 
@@ -32,6 +33,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 
+pub use command::{MockUpstreamArgs, cmd};
 pub use reply::{MockToolCall, Reply, reply_for};
 
 use crate::openai::ChatRequest;

@@ -21,7 +21,7 @@ use super::config::OnNoMatch;
 use super::report::{CategoryScore, Classified, StageDetails, StageName, ToolsDetails};
 use super::text::content_words;
 use super::{Memo, Stage, StageCx, StageOutput};
-use crate::config::glob_match;
+use crate::glob::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use catalog::tool_name;
 

@@ -4,6 +4,7 @@
 //! Open-loop latency is measured from each request's intended send time, so a slow target
 //! cannot hide its queueing (no coordinated omission).
 
+mod command;
 pub mod report;
 pub mod source;
 
@@ -20,6 +21,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::upstream::{HttpClient, http_client};
+pub use command::{ReplayArgs, ReportCommand, cmd, report_cmd};
 pub use report::{Report, Sample, diff};
 pub use source::{Recorded, load};
 

@@ -6,6 +6,7 @@
 
 mod cached;
 mod chat;
+mod command;
 mod guarded;
 mod listener;
 mod meter;
@@ -29,6 +30,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+pub use command::{CheckConfigArgs, ServeArgs, check_config, cmd};
 pub use middleware::RequestContext;
 
 use crate::config::Config;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
-use crate::config::glob_match;
+use crate::glob::glob_match;
 use crate::openai::Tool;
 use crate::pipeline::Memo;
 use crate::pipeline::config::ToolsConfig;

@@ -1,0 +1,43 @@
+//! What the subcommands share: how one fails (the binary turns that into an exit code), loading
+//! the config file, and the runtime an async one runs on.
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+
+use crate::config::Config;
+
+/// Why a subcommand failed, with the message for stderr.
+#[derive(Debug)]
+pub enum Failure {
+    /// The config file is missing or invalid.
+    Config(String),
+    /// Anything else: unreadable input, a bad flag value, a run that failed.
+    Other(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Config(message) | Failure::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+/// How a subcommand ended.
+pub type Outcome = Result<(), Failure>;
+
+/// The config at `path`, or the failure that names the file.
+pub fn load_config(path: &Path) -> Result<Config, Failure> {
+    Config::load(path)
+        .map_err(|e| Failure::Config(format!("invalid config {}: {e}", path.display())))
+}
+
+/// Runs `task` to its end on a multi-threaded runtime.
+pub fn block_on(task: impl Future<Output = Result<(), String>>) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Other(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(task).map_err(Failure::Other)
+}
