@@ -75,8 +75,12 @@ async fn proxy_with(mock_url: &str, env: &[(&str, String)]) -> Proxy {
         .map(|(k, v)| ((*k).to_owned(), v.clone()))
         .collect();
     // These three tools are a small block: filtered all the same, as a large one would be.
+    // What is left out is removed, as before stubs: these tests read the tools sent.
     start_proxy_with_env(
-        &format!("[upstream]\nbase_url = \"{mock_url}\"\n[tools]\nmin_tool_tokens = 0\n"),
+        &format!(
+            "[upstream]\nbase_url = \"{mock_url}\"\n[tools]\nmin_tool_tokens = 0\n\
+             left_out = \"remove\"\non_no_match = \"drop_all\"\n"
+        ),
         env,
     )
     .await

@@ -5,9 +5,11 @@
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
 //! and the stream rewriter ([`stream`]); the calls they need live in `server::guarded`.
 
+pub(crate) mod chunk;
 pub mod claims;
 pub mod config;
 pub mod continuation;
+pub mod expand;
 pub mod json;
 pub mod stream;
 

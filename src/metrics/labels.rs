@@ -59,10 +59,12 @@ label_set! {
 }
 
 label_set! {
-    /// Tool definitions as the client offered them, and as they went upstream.
+    /// Tool definitions as the client offered them, and as they went upstream: in full, or as
+    /// stubs.
     ToolPhase {
         Offered => "offered",
         Sent => "sent",
+        Stub => "stub",
     }
 }
 
@@ -150,6 +152,18 @@ label_set! {
         /// The next continuation would exceed the token budget.
         Budget => "budget",
         /// A continuation call failed: the cut answer was returned.
+        Error => "error",
+    }
+}
+
+label_set! {
+    /// How an answer that called stubs was asked again.
+    ExpansionOutcome {
+        /// The called tools in full were enough.
+        Expanded => "expanded",
+        /// The last round allowed sent every tool in full.
+        AllFull => "all_full",
+        /// A re-ask failed: the client got the upstream's error.
         Error => "error",
     }
 }

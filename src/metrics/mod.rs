@@ -12,8 +12,8 @@ use prometheus::{
 
 pub use labels::{
     BudgetOutcome, CacheName, CacheOutcome, ClaimRepair, Compaction, ContinuationOutcome,
-    LookupResult, RecordDrop, Route, SavingSource, StoreOp, TokenPhase, ToolPhase, UpstreamError,
-    UsageKind,
+    ExpansionOutcome, LookupResult, RecordDrop, Route, SavingSource, StoreOp, TokenPhase,
+    ToolPhase, UpstreamError, UsageKind,
 };
 
 use crate::config::Config;
@@ -129,6 +129,10 @@ pub struct Metrics {
     pub continuations: IntCounterVec,
     /// `repair`: [`ClaimRepair`].
     pub action_claims: IntCounterVec,
+    /// `outcome`: [`ExpansionOutcome`].
+    pub tool_expansions: IntCounterVec,
+    /// The upstream time answers that called stubs took beyond the first answer.
+    pub tool_expansion_duration: Histogram,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -218,12 +222,12 @@ impl Metrics {
             )?,
             tools: r.counters(
                 "ctxproxy_tools_total",
-                "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream (phase=sent).",
+                "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream: in full (phase=sent) or as stubs (phase=stub).",
                 &["phase"],
             )?,
             tool_filter_decisions: r.counters(
                 "ctxproxy_tool_filter_decisions_total",
-                "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, protected, small_block (sent whole: under [tools] min_tool_tokens).",
+                "Why the tools stage kept what it kept: match, sticky, no_match_drop, no_match_keep, no_match_stub (every tool not protected goes as a stub), protected, small_block (sent whole: under [tools] min_tool_tokens).",
                 &["reason"],
             )?,
             cache_requests: r.counters(
@@ -300,6 +304,16 @@ impl Metrics {
                 "Answers to requests with tools that claim an action without calling any tool, by repair: off (retry not configured, or a stream), repaired (the retry called a tool and was returned), failed.",
                 &["repair"],
             )?,
+            tool_expansions: r.counters(
+                "ctxproxy_tool_expansions_total",
+                "Answers that called a tool sent as a stub, asked again with it in full, by outcome: expanded (the called tools in full were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), error (a re-ask failed; the client got the upstream's error).",
+                &["model", "tenant", "outcome"],
+            )?,
+            tool_expansion_duration: r.histogram(
+                "ctxproxy_tool_expansion_duration_seconds",
+                "Upstream time an answer that called stubs took beyond the first answer (its re-asks).",
+                DURATION_BUCKETS,
+            )?,
             registry: registry.clone(),
         };
         metrics
@@ -341,6 +355,11 @@ impl Metrics {
         }
         for repair in ClaimRepair::ALL {
             self.action_claims.with_label_values(&[repair.as_str()]);
+        }
+        // Rare by design: exported at zero for the dashboard.
+        for outcome in ExpansionOutcome::ALL {
+            self.tool_expansions
+                .with_label_values(&["other", "default", outcome.as_str()]);
         }
     }
 

@@ -53,8 +53,16 @@ impl Metrics {
         {
             if let Some(sent) = tools.sent {
                 // The tools stage's choice stands unless the whole rewrite was dropped.
-                let sent = if changed { sent } else { tools.offered };
-                for (phase, n) in [(ToolPhase::Offered, tools.offered), (ToolPhase::Sent, sent)] {
+                let (sent, stubs) = if changed {
+                    (sent, tools.stubs.unwrap_or(0))
+                } else {
+                    (tools.offered, 0)
+                };
+                for (phase, n) in [
+                    (ToolPhase::Offered, tools.offered),
+                    (ToolPhase::Sent, sent),
+                    (ToolPhase::Stub, stubs),
+                ] {
                     self.tools
                         .with_label_values(&[phase.as_str()])
                         .inc_by(n as u64);

@@ -2,7 +2,8 @@
 //!
 //! Answers are deterministic functions of the request ([`reply`]). Request headers steer it:
 //! `X-Mock-Status: 503` fails with that status, `X-Mock-Tool-Call: auto|<name>` answers with a
-//! tool call, `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
+//! tool call (its arguments filled from the tool's schema as received: `{}` for a stub;
+//! `X-Mock-Preamble: <text>` says text before it), `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
 //! body and headers to a non-streaming answer, `X-Mock-Reply: <text>` sets the text of the
 //! answer (continued where an assistant message of the request left it, repeating the last
 //! `X-Mock-Overlap` characters), `X-Mock-Reply-Repeat: N` says the answer N times, one stream
@@ -262,6 +263,9 @@ async fn chat_completions(
             .unwrap_or(0);
         reply = reply::scripted(reply, &request, text, overlap);
     }
+    if let Some(text) = header_str(&headers, "x-mock-preamble") {
+        reply = reply::with_preamble(reply, text);
+    }
     if let Some(times) = header_str(&headers, "x-mock-reply-repeat").and_then(|v| v.parse().ok()) {
         reply = reply::repeated(reply, times);
     }
@@ -292,7 +296,9 @@ fn is_follow_up(request: &ChatRequest) -> bool {
 fn completion_json(reply: &Reply) -> Value {
     let mut message = json!({"role": "assistant", "content": reply.content()});
     if !reply.tool_calls.is_empty() {
-        message["content"] = Value::Null;
+        if reply.pieces.is_empty() {
+            message["content"] = Value::Null;
+        }
         message["tool_calls"] = reply
             .tool_calls
             .iter()

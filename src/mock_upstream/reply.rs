@@ -150,6 +150,14 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
 /// A text answer replaced by `text` (`X-Mock-Reply`). When the request continues a cut answer
 /// (an assistant message that starts `text`, then a user or system message), the answer is the
 /// rest of `text`, repeating the last `overlap` characters said (`X-Mock-Overlap`).
+/// A tool-call reply that says `text` before its calls (a text answer is left as it is).
+pub fn with_preamble(mut reply: Reply, text: &str) -> Reply {
+    if !reply.tool_calls.is_empty() {
+        reply.pieces = split_pieces(text);
+    }
+    reply
+}
+
 pub fn scripted(mut reply: Reply, request: &ChatRequest, text: &str, overlap: usize) -> Reply {
     if !reply.tool_calls.is_empty() {
         return reply;

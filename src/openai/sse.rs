@@ -91,11 +91,19 @@ fn event_end(buffer: &[u8], mut from: usize) -> Option<usize> {
 /// The event that ends a stream the proxy had to cut because an upstream event was too large:
 /// an OpenAI-format error, as the API sends mid-stream.
 pub fn event_too_large_event(error: EventTooLarge) -> Bytes {
+    error_event(
+        &format!("The upstream stream was cut: {error} (upstream.max_event_bytes)"),
+        "event_too_large",
+    )
+}
+
+/// An OpenAI-format error as an SSE event: how a stream says it failed after its headers.
+pub fn error_event(message: &str, code: &str) -> Bytes {
     let body = serde_json::json!({"error": {
-        "message": format!("The upstream stream was cut: {error} (upstream.max_event_bytes)"),
+        "message": message,
         "type": "server_error",
         "param": null,
-        "code": "event_too_large",
+        "code": code,
     }});
     Bytes::from(format!("data: {body}\n\n"))
 }

@@ -86,6 +86,13 @@ pub struct ToolsConfig {
     pub keep_single_word_tools: bool,
     /// When no category matches and the conversation has no sticky categories.
     pub on_no_match: OnNoMatch,
+    /// What becomes of a tool the stage leaves out: a stub (name, first sentence, no
+    /// parameters; a call to it is re-asked with the full definition) or nothing.
+    pub left_out: LeftOut,
+    /// Cap of a stub's description.
+    pub stub_description_tokens: usize,
+    /// Re-asks of one request whose answer called stubs; past them, every tool goes in full.
+    pub max_expansions: u32,
     /// Earlier turns read as context, and the characters read of each of their messages.
     pub context_turns: usize,
     pub context_chars: usize,
@@ -108,7 +115,10 @@ impl Default for ToolsConfig {
             categories: Vec::new(),
             always: Vec::new(),
             keep_single_word_tools: true,
-            on_no_match: OnNoMatch::DropAll,
+            on_no_match: OnNoMatch::Stub,
+            left_out: LeftOut::Stub,
+            stub_description_tokens: 24,
+            max_expansions: 2,
             context_turns: 3,
             context_chars: 150,
             context_weight: 0.3,
@@ -132,10 +142,21 @@ pub struct ToolCategory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnNoMatch {
-    /// Send no tools: the answer is text.
+    /// Select nothing: every tool not protected is left out (see `left_out`).
+    Stub,
+    /// Send no tools but the protected ones: the answer is text.
     DropAll,
     /// Send every tool.
     KeepAll,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeftOut {
+    /// Sent as a stub: still callable.
+    Stub,
+    /// Not sent.
+    Remove,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -724,6 +724,7 @@ mod tests {
     fn a_first_request_reads_the_stored_sticky_categories() {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.left_out = crate::pipeline::config::LeftOut::Remove;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();
         let request: ChatRequest = serde_json::from_value(serde_json::json!({

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::budget::OverBudget;
 use super::prefix::PrefixReport;
 use super::tools::Reason;
+use super::tools::stubs::ToolForm;
 
 /// The pipeline's stages, in the order they run (also the `stage` metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -148,8 +149,12 @@ pub struct WindowSummary {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolsDetails {
     pub offered: usize,
+    /// Sent in full.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sent: Option<usize>,
+    /// Sent as stubs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stubs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
     /// The client's `tool_choice` that demands a call.
@@ -168,6 +173,7 @@ impl ToolsDetails {
         ToolsDetails {
             offered,
             sent: None,
+            stubs: None,
             reason: None,
             tool_choice: None,
             tool_tokens: None,
@@ -189,6 +195,8 @@ impl ToolsDetails {
 /// conversation's sticky categories and the tools protected by the history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Classified {
+    /// Each function tool: sent in full, as a stub, or removed.
+    pub forms: BTreeMap<String, ToolForm>,
     pub categories: Vec<String>,
     pub scores: BTreeMap<String, CategoryScore>,
     pub sticky: Vec<String>,
@@ -318,6 +326,7 @@ mod tests {
             sent: Some(1),
             reason: Some(Reason::NoMatchDrop),
             classifier: Some(Classified {
+                forms: BTreeMap::from([("lookup".to_owned(), ToolForm::Full)]),
                 categories: vec![],
                 scores: BTreeMap::from([(
                     "mail".to_owned(),
@@ -333,7 +342,7 @@ mod tests {
         };
         assert_eq!(
             serialized(StageDetails::Tools(classified)),
-            r#"{"offered":4,"sent":1,"reason":"no_match_drop","categories":[],"scores":{"mail":{"score":0.5,"keywords":["send"]}},"sticky":[],"protected":["lookup"]}"#
+            r#"{"offered":4,"sent":1,"reason":"no_match_drop","forms":{"lookup":"full"},"categories":[],"scores":{"mail":{"score":0.5,"keywords":["send"]}},"sticky":[],"protected":["lookup"]}"#
         );
     }
 

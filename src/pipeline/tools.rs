@@ -10,6 +10,7 @@
 //! `calculate`), and, mid tool-loop, the categories already used in the current turn.
 
 pub(crate) mod catalog;
+pub mod stubs;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,13 +18,14 @@ use serde_json::Value;
 
 pub use catalog::Catalog;
 
-use super::config::OnNoMatch;
+use super::config::{LeftOut, OnNoMatch};
 use super::report::{CategoryScore, Classified, StageDetails, StageName, ToolsDetails};
 use super::text::content_words;
 use super::{Memo, Stage, StageCx, StageOutput};
 use crate::glob::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use catalog::tool_name;
+use stubs::ToolForm;
 
 pub struct ToolsStage;
 
@@ -35,6 +37,8 @@ pub enum Reason {
     Sticky,
     NoMatchDrop,
     NoMatchKeep,
+    /// Nothing matched: every tool not protected goes as a stub.
+    NoMatchStub,
     /// Nothing matched; only protected tools (tool_choice, history, always, tool loop) stay.
     Protected,
     /// The tool definitions total less than `min_tool_tokens`: sent whole.
@@ -42,11 +46,12 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::Match,
         Reason::Sticky,
         Reason::NoMatchDrop,
         Reason::NoMatchKeep,
+        Reason::NoMatchStub,
         Reason::Protected,
         Reason::SmallBlock,
     ];
@@ -57,6 +62,7 @@ impl Reason {
             Reason::Sticky => "sticky",
             Reason::NoMatchDrop => "no_match_drop",
             Reason::NoMatchKeep => "no_match_keep",
+            Reason::NoMatchStub => "no_match_stub",
             Reason::Protected => "protected",
             Reason::SmallBlock => "small_block",
         }
@@ -276,6 +282,8 @@ impl Stage for ToolsStage {
                 catalog.categories.iter().map(|c| c.name.clone()).collect(),
                 Reason::NoMatchKeep,
             )
+        } else if config.on_no_match == OnNoMatch::Stub {
+            (Vec::new(), Reason::NoMatchStub)
         } else {
             (Vec::new(), Reason::NoMatchDrop)
         };
@@ -296,12 +304,29 @@ impl Stage for ToolsStage {
         }
 
         let offered = tools.len();
-        // Tools without a function name (other tool types) are always kept.
-        let kept: Vec<Tool> = tools
-            .iter()
-            .filter(|t| tool_name(t).is_none_or(|n| keep.contains(n)))
-            .cloned()
-            .collect();
+        // Left-out tools become stubs in place (the block keeps the client's order), unless
+        // they are removed. Tools without a function name (other tool types) are always kept.
+        let stubs = config.left_out == LeftOut::Stub && reason != Reason::NoMatchDrop;
+        let mut forms = BTreeMap::new();
+        let mut kept: Vec<Tool> = Vec::with_capacity(offered);
+        for tool in tools {
+            let Some(name) = tool_name(tool) else {
+                kept.push(tool.clone());
+                continue;
+            };
+            let form = if keep.contains(name) {
+                kept.push(tool.clone());
+                ToolForm::Full
+            } else if stubs {
+                let max = config.stub_description_tokens;
+                kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
+                ToolForm::Stub
+            } else {
+                ToolForm::Removed
+            };
+            forms.insert(name.to_owned(), form);
+        }
+        let stubbed = forms.values().filter(|f| **f == ToolForm::Stub).count();
         let scores = scores
             .into_iter()
             .map(|(name, (score, keywords))| (name, CategoryScore { score, keywords }))
@@ -311,9 +336,11 @@ impl Stage for ToolsStage {
             .filter(|p| names.contains(&p.as_str()))
             .collect();
         let details = StageDetails::Tools(ToolsDetails {
-            sent: Some(kept.len()),
+            sent: Some(kept.len() - stubbed),
+            stubs: Some(stubbed),
             reason: Some(reason),
             classifier: Some(Classified {
+                forms,
                 categories: selected,
                 scores,
                 sticky: cx.sticky_categories.to_vec(),
@@ -321,7 +348,7 @@ impl Stage for ToolsStage {
             }),
             ..ToolsDetails::offered(offered)
         });
-        if kept.len() == offered {
+        if kept.len() == offered && stubbed == 0 {
             return StageOutput::unchanged(details);
         }
         StageOutput {
@@ -562,8 +589,11 @@ mod tests {
         }
         let request: ChatRequest = serde_json::from_value(body).unwrap();
         let mut config = PipelineConfig::default();
-        // These lists are small: the classifier is what these tests look at.
+        // These lists are small: the classifier is what these tests look at, and what it
+        // leaves out is removed (stubs have tests of their own).
         config.tools.min_tool_tokens = 0;
+        config.tools.left_out = LeftOut::Remove;
+        config.tools.on_no_match = OnNoMatch::DropAll;
         configure(&mut config);
         let sticky: Vec<String> = sticky.iter().map(|s| (*s).to_owned()).collect();
         let rewrite = run(
@@ -709,6 +739,7 @@ mod tests {
         .unwrap();
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.left_out = LeftOut::Remove;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let cx = StageCx {
             config: &config,

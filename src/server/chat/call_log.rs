@@ -24,6 +24,7 @@ pub const X_CTXPROXY_CACHE: HeaderName = HeaderName::from_static("x-ctxproxy-cac
 const X_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-before");
 const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-after");
 const X_OVER_BUDGET: HeaderName = HeaderName::from_static("x-ctxproxy-over-budget");
+const X_TOOLS_EXPANDED: HeaderName = HeaderName::from_static("x-ctxproxy-tools-expanded");
 const X_TOKENS_SAVEABLE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-saveable");
 
 /// The token counts a response reports in its headers: what the client sent and what went
@@ -60,6 +61,8 @@ pub struct CallLog {
     /// Where the answer came from; `None` before a cache was consulted.
     pub cache: Option<CacheOutcome>,
     pub flags: Flags,
+    /// Tools sent as stubs that the answer called, asked again in full.
+    pub expanded: Vec<String>,
     pub received: tokio::time::Instant,
 }
 
@@ -76,6 +79,7 @@ impl CallLog {
             counts: None,
             cache: None,
             flags: Flags::default(),
+            expanded: Vec::new(),
             received: tokio::time::Instant::now(),
         }
     }
@@ -139,6 +143,11 @@ impl CallLog {
     pub fn finish(self, state: &SharedState, mut response: Response<Body>) -> Response<Body> {
         let headers = response.headers_mut();
         self.flags.apply(headers);
+        if !self.expanded.is_empty()
+            && let Ok(names) = HeaderValue::from_str(&self.expanded.join(","))
+        {
+            headers.insert(X_TOOLS_EXPANDED, names);
+        }
         if let Some(cache) = self.cache {
             headers.insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache.as_str()));
         }

@@ -17,7 +17,7 @@ use crate::metrics::CacheOutcome;
 use crate::pipeline::Mode;
 use crate::record::ResponseCapture;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
-use crate::server::guarded::{self, GuardCall, Sent};
+use crate::server::guarded::{self, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
 use crate::server::sticky::StickyUpdate;
 use crate::upstream::{
@@ -127,17 +127,21 @@ impl ChatCall<'_> {
             None => "/chat/completions".to_owned(),
         };
         let uri = upstream.uri(&suffix)?;
-        // The agent guards ask again with what was sent (optimize mode only).
-        let guard = (self.mode == Mode::Optimize)
-            .then(|| {
-                let sent = Sent {
-                    uri: &uri,
-                    headers: &headers,
-                    body: &body,
-                };
-                GuardCall::new(state, upstream, &self.chat, sent, self.budget())
-            })
+        // Optimize mode only: a call to a stub is asked again with the tool in full, and the
+        // agent guards ask again with what was sent.
+        let optimize = self.mode == Mode::Optimize;
+        let sent = Sent {
+            uri: &uri,
+            headers: &headers,
+            body: &body,
+        };
+        let expansion = optimize
+            .then(|| ExpandCall::new(state, upstream, &self.chat, sent, &log.labels))
             .flatten();
+        let mut guard = optimize
+            .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
+            .flatten();
+        let first = body.clone();
         let sent_at = Instant::now();
         let answer = upstream
             .send(
@@ -148,6 +152,17 @@ impl ChatCall<'_> {
                 &state.metrics,
             )
             .await?;
+        let answer = match expansion {
+            Some(expansion) => {
+                let expanded = guarded::expand(expansion, answer, first).await?;
+                log.expanded = expanded.promoted;
+                if let Some(guard) = &mut guard {
+                    guard.answers(expanded.sent);
+                }
+                expanded.answer
+            }
+            None => answer,
+        };
         let answer = match guard {
             Some(guard) => {
                 let (answer, flags) = guarded::guard(guard, answer).await?;

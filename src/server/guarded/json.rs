@@ -4,10 +4,9 @@
 use axum::body::Body;
 use axum::http::{Response, header};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 
-use super::{Flags, GuardCall, MAX_JSON_BYTES};
+use super::{Flags, GuardCall, read_whole};
 use crate::error::ProxyError;
 use crate::guards::continuation::retry_body;
 use crate::guards::json::{self, Appended};
@@ -18,22 +17,8 @@ pub(super) async fn guard_json(
     call: &GuardCall,
     answer: UpstreamResponse,
 ) -> Result<(UpstreamResponse, Flags), ProxyError> {
-    let (started, deadline) = (answer.started, answer.deadline);
-    let (mut parts, body) = answer.response.into_parts();
     let upstream = &call.upstream.config;
-    let read = Limited::new(body, MAX_JSON_BYTES).collect();
-    let bytes = tokio::time::timeout_at(deadline, read)
-        .await
-        .map_err(|_| ProxyError::UpstreamTimeout {
-            upstream: upstream.name.clone(),
-            phase: "total",
-            timeout_ms: (deadline - started).as_millis(),
-        })?
-        .map_err(|e| ProxyError::UpstreamUnreachable {
-            upstream: upstream.name.clone(),
-            reason: format!("cannot read the answer: {e}"),
-        })?
-        .to_bytes();
+    let (mut parts, bytes, started) = read_whole(upstream, answer).await?;
     // The answer is in memory: the relay's deadline restarts (continuations took their time).
     let rebuilt = |parts: axum::http::response::Parts, bytes: Bytes| UpstreamResponse {
         response: Response::from_parts(parts, Body::from(bytes)),

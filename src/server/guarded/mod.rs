@@ -5,17 +5,23 @@
 //! answer the client gets. The decisions are `guards::json` and `guards::stream`; this module
 //! only sends the requests they ask for and pumps the bytes.
 
+mod expand;
 mod json;
+mod pump;
 mod stream;
+
+pub use expand::{ExpandCall, expand};
 
 use std::sync::Arc;
 
+use axum::http::response::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 
 use super::SharedState;
+use crate::config::UpstreamConfig;
 use crate::error::ProxyError;
 use crate::guards::Guards;
 use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
@@ -43,6 +49,7 @@ pub struct GuardCall {
 }
 
 /// The request as it was sent upstream.
+#[derive(Clone, Copy)]
 pub struct Sent<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
@@ -115,6 +122,11 @@ impl GuardCall {
         })
     }
 
+    /// The request the answer being guarded answers, when a re-ask changed it.
+    pub fn answers(&mut self, sent: Bytes) {
+        self.sent = sent;
+    }
+
     fn guards(&self) -> &Guards {
         &self.upstream.config.guards
     }
@@ -171,6 +183,30 @@ impl GuardCall {
             .with_label_values(&[repair.as_str()])
             .inc();
     }
+}
+
+/// Reads a JSON answer whole (at most `MAX_JSON_BYTES`, by its deadline): its parts, its body
+/// and when it was asked.
+async fn read_whole(
+    upstream: &UpstreamConfig,
+    answer: UpstreamResponse,
+) -> Result<(Parts, Bytes, tokio::time::Instant), ProxyError> {
+    let (started, deadline) = (answer.started, answer.deadline);
+    let (parts, body) = answer.response.into_parts();
+    let read = Limited::new(body, MAX_JSON_BYTES).collect();
+    let bytes = tokio::time::timeout_at(deadline, read)
+        .await
+        .map_err(|_| ProxyError::UpstreamTimeout {
+            upstream: upstream.name.clone(),
+            phase: "total",
+            timeout_ms: (deadline - started).as_millis(),
+        })?
+        .map_err(|e| ProxyError::UpstreamUnreachable {
+            upstream: upstream.name.clone(),
+            reason: format!("cannot read the answer: {e}"),
+        })?
+        .to_bytes();
+    Ok((parts, bytes, started))
 }
 
 /// Guards a successful answer: JSON answers are read whole and rewritten when needed; streams

@@ -4,16 +4,12 @@
 
 use axum::body::Body;
 use axum::http::{Response, header};
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use tokio::sync::mpsc;
 
 use super::GuardCall;
-use crate::guards::stream::{Finish, Next, PartEnd, Relay, StreamRewriter};
-use crate::metrics::{ClaimRepair, ContinuationOutcome, UpstreamError};
+use super::pump::{Events, channel_body, forward, forward_all, pump};
+use crate::guards::stream::{Finish, Next, PartEnd, StreamRewriter};
+use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::upstream::{UpstreamResponse, is_event_stream};
-
-type Events = mpsc::Sender<Result<Bytes, std::io::Error>>;
 
 pub(super) fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> UpstreamResponse {
     let (started, deadline) = (answer.started, answer.deadline);
@@ -27,16 +23,9 @@ pub(super) fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> Upstrea
         1
     };
     let deadline = started + (deadline - started) * parts_allowed;
-    let (events, receiver) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    tokio::spawn(async move {
-        relay(&call, body, &events).await;
-    });
-    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        let event = receiver.recv().await?;
-        Some((event, receiver))
-    });
+    let body = channel_body(|events| async move { relay(&call, body, &events).await });
     UpstreamResponse {
-        response: Response::from_parts(parts, Body::from_stream(stream)),
+        response: Response::from_parts(parts, body),
         started,
         deadline,
     }
@@ -53,8 +42,14 @@ async fn relay(call: &GuardCall, first: Body, events: &Events) {
     );
     let mut body = first;
     let finish = loop {
-        let Some(PartEnd { events: last, next }) = pump(call, &mut rewriter, body, events).await
-        else {
+        let pumped = pump(
+            &call.upstream,
+            &call.state.metrics,
+            &mut rewriter,
+            body,
+            events,
+        );
+        let Some(PartEnd { events: last, next }) = pumped.await else {
             return;
         };
         if !forward_all(events, last).await {
@@ -72,56 +67,6 @@ async fn relay(call: &GuardCall, first: Body, events: &Events) {
         }
     };
     end(call, finish, events).await;
-}
-
-/// Feeds one part's body to the rewriter and forwards what it gives back, until the part
-/// ends; `None` when the answer stops here (the client is gone, the upstream failed or sent
-/// an event too large: the client was told).
-async fn pump(
-    call: &GuardCall,
-    rewriter: &mut StreamRewriter<'_>,
-    mut body: Body,
-    events: &Events,
-) -> Option<PartEnd> {
-    loop {
-        let frame = tokio::select! {
-            frame = body.frame() => frame,
-            () = events.closed() => return None,
-        };
-        match frame {
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                match rewriter.push(&data) {
-                    Relay::Events(out) => {
-                        if !forward_all(events, out).await {
-                            return None;
-                        }
-                    }
-                    // Cut with an error event, counted like any upstream failure.
-                    Relay::TooLarge(error) => {
-                        call.state
-                            .metrics
-                            .upstream_errors
-                            .with_label_values(&[
-                                call.upstream.config.name.as_str(),
-                                UpstreamError::EventTooLarge.as_str(),
-                            ])
-                            .inc();
-                        forward(events, error).await;
-                        return None;
-                    }
-                }
-            }
-            // The upstream failed mid-answer: the client's stream fails too.
-            Some(Err(e)) => {
-                let _ = events.send(Err(std::io::Error::other(e))).await;
-                return None;
-            }
-            None => return Some(rewriter.end_part()),
-        }
-    }
 }
 
 /// The body of the next part, or the continuation outcome that stops asking.
@@ -160,18 +105,4 @@ async fn end(call: &GuardCall, finish: Finish, events: &Events) {
         }
     }
     forward_all(events, tail).await;
-}
-
-async fn forward(events: &Events, bytes: Bytes) -> bool {
-    events.send(Ok(bytes)).await.is_ok()
-}
-
-/// Forwards events in order; whether the client still listens.
-async fn forward_all(events: &Events, all: Vec<Bytes>) -> bool {
-    for bytes in all {
-        if !forward(events, bytes).await {
-            return false;
-        }
-    }
-    true
 }

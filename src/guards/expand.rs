@@ -1,0 +1,422 @@
+//! Transparent expansion, its pure parts: which stubs an answer calls, and a stream rewriter
+//! that relays text as it comes, holds tool calls until the part ends (when the name of every
+//! call is known), and splices a re-asked answer into the same stream. The calls live in
+//! `server::guarded::expand`.
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::chunk::{event, has_delta, restamp, usage_chunk};
+use super::continuation::sum_usage;
+use super::stream::Relay;
+use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
+
+/// The names of the tools in `stubs` that a JSON completion calls, in order, once each.
+pub fn called_stubs(completion: &Value, stubs: &[String]) -> Vec<String> {
+    let mut called = Vec::new();
+    for choice in completion["choices"].as_array().into_iter().flatten() {
+        let message = &choice["message"];
+        let names = message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|call| &call["function"]["name"])
+            .chain([&message["function_call"]["name"]]);
+        note_stubs(names, stubs, &mut called);
+    }
+    called
+}
+
+fn note_stubs<'a>(
+    names: impl Iterator<Item = &'a Value>,
+    stubs: &[String],
+    called: &mut Vec<String>,
+) {
+    for name in names.filter_map(Value::as_str) {
+        if stubs.iter().any(|s| s == name) && !called.iter().any(|c| c == name) {
+            called.push(name.to_owned());
+        }
+    }
+}
+
+/// The final JSON answer of an expansion: `last`, with the usage of every answer asked.
+pub fn with_usage_of(mut last: Value, earlier: &[Value]) -> Value {
+    let mut usage = last.get("usage").cloned();
+    for answer in earlier {
+        if let Some(used) = answer.get("usage").filter(|u| u.is_object()) {
+            usage = Some(match usage {
+                Some(sum) => sum_usage(&sum, used),
+                None => used.clone(),
+            });
+        }
+    }
+    if let (Some(usage), Some(object)) = (usage, last.as_object_mut()) {
+        object.insert("usage".into(), usage);
+    }
+    last
+}
+
+/// How a part of a streamed answer ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PartEnd {
+    /// The answer called these stubs: ask again with them promoted, then call
+    /// [`ExpandStream::re_asked`]. Nothing of the part's tool calls was relayed.
+    ReAsk(Vec<String>),
+    /// The answer is over: the held tool calls, the usage of every part and `[DONE]`.
+    Done(Vec<Bytes>),
+}
+
+/// One streamed answer made of the upstream's first answer and its re-asks.
+pub struct ExpandStream {
+    /// The tools the request being answered offers as stubs.
+    stubs: Vec<String>,
+    max_event: usize,
+    splitter: SseSplitter,
+    /// 0 for the first answer, then one per re-ask.
+    part: u32,
+    /// `id`, `created`, `model` of the first chunk: later parts carry them.
+    head: Option<Value>,
+    /// Text went to the client: a re-asked answer adds only its tool calls.
+    text_relayed: bool,
+    /// Events from the part's first tool call on, held until the part ends.
+    held: Vec<Bytes>,
+    holding: bool,
+    called: Vec<String>,
+    /// The first part's usage event as it came, and the usage of every part.
+    usage_event: Option<Bytes>,
+    usage: Option<Value>,
+    done: bool,
+}
+
+impl ExpandStream {
+    pub fn new(stubs: Vec<String>, max_event: usize) -> ExpandStream {
+        ExpandStream {
+            stubs,
+            max_event,
+            splitter: SseSplitter::with_max_event(max_event),
+            part: 0,
+            head: None,
+            text_relayed: false,
+            held: Vec::new(),
+            holding: false,
+            called: Vec::new(),
+            usage_event: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    /// Takes bytes of the current part's body as they came.
+    pub fn push(&mut self, data: &[u8]) -> Relay {
+        self.splitter.push(data);
+        let mut out = Vec::new();
+        loop {
+            match self.splitter.next_event() {
+                Ok(Some(raw)) => self.relay_event(raw, &mut out),
+                Ok(None) => return Relay::Events(out),
+                Err(too_large) => return Relay::TooLarge(event_too_large_event(too_large)),
+            }
+        }
+    }
+
+    /// The current part's body ended.
+    pub fn end_part(&mut self) -> PartEnd {
+        let mut out = Vec::new();
+        if let Some(raw) = self.splitter.finish() {
+            self.relay_event(raw, &mut out);
+        }
+        if !self.called.is_empty() {
+            return PartEnd::ReAsk(std::mem::take(&mut self.called));
+        }
+        out.append(&mut self.held);
+        if self.part == 0 {
+            out.extend(self.usage_event.take());
+        } else if let (Some(usage), Some(head)) = (self.usage.take(), &self.head) {
+            out.push(event(&usage_chunk(head, usage)));
+        }
+        if self.done {
+            out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        PartEnd::Done(out)
+    }
+
+    /// The re-asked answer is arriving; `stubs`: what its request still offers as stubs.
+    pub fn re_asked(&mut self, stubs: Vec<String>) {
+        self.stubs = stubs;
+        self.splitter = SseSplitter::with_max_event(self.max_event);
+        self.part += 1;
+        self.held.clear();
+        self.holding = false;
+        self.usage_event = None;
+        self.done = false;
+    }
+
+    fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
+        let chunk = match event_data(&raw).as_deref() {
+            Some("[DONE]") => {
+                self.done = true;
+                return;
+            }
+            Some(payload) => serde_json::from_str::<Value>(payload)
+                .ok()
+                .filter(|c| c.get("choices").is_some()),
+            None => None,
+        };
+        // Comments, errors and shapes it does not know go out as they came.
+        let Some(mut chunk) = chunk else {
+            out.push(raw);
+            return;
+        };
+        if self.add_usage(&chunk, &raw) {
+            return;
+        }
+        if self.head.is_none() {
+            let mut head = chunk.clone();
+            if let Some(head) = head.as_object_mut() {
+                head.remove("choices");
+                head.remove("usage");
+            }
+            self.head = Some(head);
+        }
+        for choice in chunk["choices"].as_array().into_iter().flatten() {
+            let delta = &choice["delta"];
+            let calls = delta["tool_calls"].as_array().into_iter().flatten();
+            let names = calls
+                .map(|call| &call["function"]["name"])
+                .chain([&delta["function_call"]["name"]]);
+            let before = self.called.len();
+            note_stubs(names, &self.stubs, &mut self.called);
+            let calls_now = delta["tool_calls"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())
+                || delta["function_call"].is_object();
+            self.holding |= calls_now || self.called.len() > before;
+        }
+        let relayed = if self.part == 0 {
+            raw
+        } else {
+            if let Some(head) = &self.head {
+                restamp(&mut chunk, head);
+            }
+            if self.text_relayed {
+                drop_text(&mut chunk);
+            }
+            let finishes = !chunk["choices"][0]["finish_reason"].is_null();
+            if !has_delta(&chunk) && !finishes {
+                return;
+            }
+            event(&chunk)
+        };
+        if self.holding {
+            self.held.push(relayed);
+            return;
+        }
+        let says = chunk["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty());
+        self.text_relayed |= says;
+        out.push(relayed);
+    }
+
+    /// Sums a usage-only chunk into the usage sent at the end; whether it was one.
+    fn add_usage(&mut self, chunk: &Value, raw: &Bytes) -> bool {
+        let no_choices = chunk["choices"].as_array().is_some_and(Vec::is_empty);
+        let Some(usage) = chunk.get("usage").filter(|u| no_choices && u.is_object()) else {
+            return false;
+        };
+        self.usage = Some(match &self.usage {
+            Some(sum) => sum_usage(sum, usage),
+            None => usage.clone(),
+        });
+        self.usage_event = Some(raw.clone());
+        true
+    }
+}
+
+/// A re-asked chunk without its text: the client already has the first answer's.
+fn drop_text(chunk: &mut Value) {
+    if let Some(delta) = chunk
+        .pointer_mut("/choices/0/delta")
+        .and_then(Value::as_object_mut)
+    {
+        delta.remove("content");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn chunk(id: &str, delta: Value, finish: Option<&str>) -> String {
+        let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {chunk}\n\n")
+    }
+
+    fn call(name: &str, arguments: &str) -> Value {
+        json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": name, "arguments": arguments}}]})
+    }
+
+    fn usage(id: &str, prompt: u64, completion: u64) -> String {
+        let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}});
+        format!("data: {chunk}\n\n")
+    }
+
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn text_of(events: &[Bytes]) -> String {
+        events
+            .iter()
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect()
+    }
+
+    fn relayed(relay: Relay) -> Vec<Bytes> {
+        match relay {
+            Relay::Events(events) => events,
+            Relay::TooLarge(error) => panic!("too large: {error:?}"),
+        }
+    }
+
+    #[test]
+    fn a_json_answer_names_the_stubs_it_calls() {
+        let answer = json!({"choices": [{"message": {"tool_calls": [
+            {"function": {"name": "full_one", "arguments": "{}"}},
+            {"function": {"name": "stubbed", "arguments": "{}"}},
+            {"function": {"name": "stubbed", "arguments": "{}"}}]}}]});
+        let stubs = ["stubbed".to_owned(), "other".to_owned()];
+        assert_eq!(called_stubs(&answer, &stubs), ["stubbed"]);
+        assert!(
+            called_stubs(
+                &json!({"choices": [{"message": {"content": "hi"}}]}),
+                &stubs
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn usage_is_summed_over_every_answer_asked() {
+        let first =
+            json!({"usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}});
+        let last = json!({"id": "b", "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}});
+        let merged = with_usage_of(last, &[first]);
+        assert_eq!(merged["id"], "b");
+        assert_eq!(
+            merged["usage"],
+            json!({"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26})
+        );
+    }
+
+    #[test]
+    fn an_answer_without_a_stub_call_goes_out_byte_for_byte() {
+        let text = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", json!({"content": "Hi"}), None),
+        ]
+        .concat();
+        let calls = [
+            chunk("a", call("full_one", "{\"x\":1}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            usage("a", 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        // Text goes at once; the tool call waits for the part's end.
+        let out = relayed(stream.push([text.as_str(), &calls].concat().as_bytes()));
+        assert_eq!(text_of(&out), text);
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("no stub was called");
+        };
+        assert_eq!(text_of(&rest), calls);
+    }
+
+    #[test]
+    fn a_stub_called_after_text_is_replaced_by_the_re_asked_call_in_the_same_stream() {
+        let first = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", json!({"content": "Let me check."}), None),
+            chunk("a", call("stubbed", "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            usage("a", 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let second = [
+            chunk("b", json!({"role": "assistant", "content": ""}), None),
+            chunk("b", json!({"content": "Let me check."}), None),
+            chunk("b", call("stubbed", "{\"id\":\"7\"}"), None),
+            chunk("b", json!({}), Some("tool_calls")),
+            usage("b", 9, 4),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let mut out = relayed(stream.push(first.as_bytes()));
+        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
+        stream.re_asked(Vec::new());
+        out.extend(relayed(stream.push(second.as_bytes())));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("the re-asked answer calls no stub");
+        };
+        out.extend(rest);
+        let expected = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", json!({"content": "Let me check."}), None),
+            // The re-asked call, under the first answer's id, its text left out.
+            chunk("a", call("stubbed", "{\"id\":\"7\"}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            format!(
+                "data: {}\n\n",
+                json!({"id": "a", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                    "choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 7,
+                    "total_tokens": 21}})
+            ),
+            DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(text_of(&out), expected);
+    }
+
+    #[test]
+    fn a_stub_called_first_lets_the_re_asked_answer_speak() {
+        let first = [
+            chunk("a", json!({"role": "assistant"}), None),
+            chunk("a", call("stubbed", "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let second = [
+            chunk("b", json!({"role": "assistant"}), None),
+            chunk("b", json!({"content": "Which order?"}), None),
+            chunk("b", json!({}), Some("stop")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let mut out = relayed(stream.push(first.as_bytes()));
+        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
+        stream.re_asked(Vec::new());
+        out.extend(relayed(stream.push(second.as_bytes())));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("no stub");
+        };
+        out.extend(rest);
+        let expected = [
+            chunk("a", json!({"role": "assistant"}), None),
+            chunk("a", json!({"content": "Which order?"}), None),
+            chunk("a", json!({}), Some("stop")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(text_of(&out), expected);
+    }
+}

@@ -1,0 +1,299 @@
+//! Transparent expansion: when the upstream's answer calls a tool that went as a stub, the
+//! request is asked again with that tool in full, and the client gets only the new answer
+//! (JSON) or the new answer's calls spliced into the same stream. The decisions are
+//! `guards::expand`'s; this sends, reads and counts.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Response, Uri, header};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::pump::{Events, channel_body, forward, forward_all, pump};
+use super::{Sent, read_whole};
+use crate::error::ProxyError;
+use crate::guards::expand::{ExpandStream, PartEnd, called_stubs, with_usage_of};
+use crate::metrics::{ChatLabels, ExpansionOutcome};
+use crate::openai::{ChatRequest, Nullable, Tool};
+use crate::pipeline::tools::stubs::{promote, stubbed};
+use crate::server::SharedState;
+use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
+
+/// What an expansion needs: the request as sent (with its stubs), the client's tools, and
+/// where to ask again.
+pub struct ExpandCall {
+    state: SharedState,
+    upstream: Arc<Upstream>,
+    uri: Uri,
+    headers: HeaderMap,
+    request: ChatRequest,
+    client_tools: Vec<Tool>,
+    /// The tools `request` offers as stubs.
+    stubs: Vec<String>,
+    /// Re-asks so far.
+    rounds: u32,
+    labels: ChatLabels,
+}
+
+/// The answer the client gets, and what it took.
+pub struct Expanded {
+    pub answer: UpstreamResponse,
+    /// The stubs the answers called, promoted to their full definitions (for a stream, known
+    /// only as it ends: it says them in an SSE comment).
+    pub promoted: Vec<String>,
+    /// The request the final answer answers: what the guards ask again with.
+    pub sent: Bytes,
+}
+
+impl ExpandCall {
+    /// `None` when the request sent offers no stub.
+    pub fn new(
+        state: &SharedState,
+        upstream: &Arc<Upstream>,
+        client: &ChatRequest,
+        sent: Sent<'_>,
+        labels: &ChatLabels,
+    ) -> Option<ExpandCall> {
+        let request = ChatRequest::parse(sent.body).ok()?;
+        let client_tools = client.tools.get()?.clone();
+        let stubs = stubbed(request.tools.get()?, &client_tools);
+        if stubs.is_empty() {
+            return None;
+        }
+        Some(ExpandCall {
+            state: state.clone(),
+            upstream: upstream.clone(),
+            uri: sent.uri.clone(),
+            headers: sent.headers.clone(),
+            request,
+            client_tools,
+            stubs,
+            rounds: 0,
+            labels: labels.clone(),
+        })
+    }
+
+    /// The request with `called` promoted; the last round allowed promotes every stub.
+    fn promote(&mut self, called: &[String]) -> Result<Bytes, ProxyError> {
+        self.rounds += 1;
+        let max = self.state.config.pipeline.tools.max_expansions;
+        let names = (self.rounds < max).then_some(called);
+        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        let promoted = promote(tools, &self.client_tools, names);
+        self.stubs = stubbed(&promoted, &self.client_tools);
+        self.request.tools = Nullable::Value(promoted);
+        serde_json::to_vec(&self.request)
+            .map(Bytes::from)
+            .map_err(|e| ProxyError::Internal(e.to_string()))
+    }
+
+    /// The request with every stub promoted.
+    fn all_full(&self) -> Option<Bytes> {
+        let tools = self.request.tools.get()?;
+        let mut request = self.request.clone();
+        request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
+        serde_json::to_vec(&request).ok().map(Bytes::from)
+    }
+
+    async fn ask(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {
+        let mut headers = self.headers.clone();
+        headers.remove(header::CONTENT_LENGTH);
+        self.upstream
+            .send(
+                Method::POST,
+                self.uri.clone(),
+                headers,
+                OutgoingBody::Buffered(body),
+                &self.state.metrics,
+            )
+            .await
+    }
+
+    fn count(&self, outcome: ExpansionOutcome, started: Instant) {
+        let metrics = &self.state.metrics;
+        let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
+        metrics
+            .tool_expansions
+            .with_label_values(&[model, tenant, outcome.as_str()])
+            .inc();
+        metrics
+            .tool_expansion_duration
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// How the expansion ended: every tool went in full, or the called ones were enough.
+    fn outcome(&self) -> ExpansionOutcome {
+        if self.stubs.is_empty() {
+            ExpansionOutcome::AllFull
+        } else {
+            ExpansionOutcome::Expanded
+        }
+    }
+}
+
+/// The answer to give the client: the upstream's, or, when it called stubs, the answer to the
+/// request asked again with them in full.
+pub async fn expand(
+    call: ExpandCall,
+    answer: UpstreamResponse,
+    sent: Bytes,
+) -> Result<Expanded, ProxyError> {
+    if !answer.response.status().is_success() {
+        return Ok(Expanded {
+            answer,
+            promoted: Vec::new(),
+            sent,
+        });
+    }
+    if is_event_stream(answer.response.headers()) {
+        return Ok(expand_stream(call, answer, sent));
+    }
+    expand_json(call, answer, sent).await
+}
+
+async fn expand_json(
+    mut call: ExpandCall,
+    answer: UpstreamResponse,
+    mut sent: Bytes,
+) -> Result<Expanded, ProxyError> {
+    let (mut parts, bytes, started) = read_whole(&call.upstream.config, answer).await?;
+    let total_timeout = call.upstream.config.total_timeout;
+    let done = |parts, bytes: Bytes, promoted, sent| Expanded {
+        answer: UpstreamResponse {
+            response: Response::from_parts(parts, Body::from(bytes)),
+            started,
+            deadline: tokio::time::Instant::now() + total_timeout,
+        },
+        promoted,
+        sent,
+    };
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else {
+        return Ok(done(parts, bytes, Vec::new(), sent));
+    };
+    let mut earlier = Vec::new();
+    let mut promoted: Vec<String> = Vec::new();
+    let expanding = Instant::now();
+    loop {
+        let called = called_stubs(&answer, &call.stubs);
+        if called.is_empty() {
+            break;
+        }
+        sent = call.promote(&called)?;
+        promoted.extend(called);
+        let next = match call.ask(sent.clone()).await {
+            Ok(next) => next,
+            Err(e) => {
+                call.count(ExpansionOutcome::Error, expanding);
+                return Err(e);
+            }
+        };
+        // An upstream error to a re-ask is the client's answer: never the call to a stub.
+        if !next.response.status().is_success() {
+            call.count(ExpansionOutcome::Error, expanding);
+            return Ok(Expanded {
+                answer: next,
+                promoted,
+                sent,
+            });
+        }
+        let (next_parts, next_bytes, _) = read_whole(&call.upstream.config, next).await?;
+        let Ok(next_answer) = serde_json::from_slice::<Value>(&next_bytes) else {
+            call.count(ExpansionOutcome::Error, expanding);
+            return Ok(done(next_parts, next_bytes, promoted, sent));
+        };
+        parts = next_parts;
+        earlier.push(std::mem::replace(&mut answer, next_answer));
+    }
+    if earlier.is_empty() {
+        return Ok(done(parts, bytes, promoted, sent));
+    }
+    call.count(call.outcome(), expanding);
+    let merged = with_usage_of(answer, &earlier);
+    let body = serde_json::to_vec(&merged).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(done(parts, Bytes::from(body), promoted, sent))
+}
+
+/// A streamed answer through the pure [`ExpandStream`], in a task: text goes out as it comes,
+/// tool calls at the part's end, and a call to a stub is asked again in the same stream.
+fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Expanded {
+    // Which stubs a stream calls is known only as it ends: a guard's re-ask offers them all.
+    let sent = call.all_full().unwrap_or(sent);
+    let (started, deadline) = (answer.started, answer.deadline);
+    let (mut parts, body) = answer.response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    // Each re-ask has the whole total timeout of its own.
+    let max = call.state.config.pipeline.tools.max_expansions;
+    let deadline = started + (deadline - started) * (1 + max);
+    let body = channel_body(|events| async move { relay(call, body, &events).await });
+    Expanded {
+        answer: UpstreamResponse {
+            response: Response::from_parts(parts, body),
+            started,
+            deadline,
+        },
+        promoted: Vec::new(),
+        sent,
+    }
+}
+
+async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
+    let max_event = call.upstream.config.max_event_bytes;
+    let mut rewriter = ExpandStream::new(call.stubs.clone(), max_event);
+    let mut body = first;
+    let mut promoted: Vec<String> = Vec::new();
+    let expanding = Instant::now();
+    loop {
+        let pumped = pump(
+            &call.upstream,
+            &call.state.metrics,
+            &mut rewriter,
+            body,
+            events,
+        );
+        let Some(end) = pumped.await else {
+            return;
+        };
+        match end {
+            PartEnd::Done(last) => {
+                if !promoted.is_empty() {
+                    call.count(call.outcome(), expanding);
+                    let comment =
+                        format!(": x-ctxproxy-tools-expanded: {}\n\n", promoted.join(","));
+                    if !forward(events, Bytes::from(comment)).await {
+                        return;
+                    }
+                }
+                forward_all(events, last).await;
+                return;
+            }
+            PartEnd::ReAsk(called) => {
+                let next = match call.promote(&called) {
+                    Ok(request) => call.ask(request).await.ok(),
+                    Err(_) => None,
+                };
+                promoted.extend(called);
+                match next {
+                    Some(next)
+                        if next.response.status().is_success()
+                            && is_event_stream(next.response.headers()) =>
+                    {
+                        rewriter.re_asked(call.stubs.clone());
+                        body = next.response.into_body();
+                    }
+                    _ => {
+                        call.count(ExpansionOutcome::Error, expanding);
+                        let error = crate::openai::sse::error_event(
+                            "ctxproxy could not ask the upstream again for a tool it had sent as a stub",
+                            "tool_expansion_failed",
+                        );
+                        forward(events, error).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

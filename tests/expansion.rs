@@ -1,0 +1,237 @@
+//! Deferred tools through the running proxy and the mock upstream: what the tools stage leaves
+//! out goes as a stub; an answer that calls a stub is asked again with the tool in full, and the
+//! client gets only that answer (JSON and streams, before or after text), with the usage of
+//! both, the `X-Ctxproxy-Tools-Expanded` header or SSE comment, and the metric. A few small tools
+//! reach the upstream unchanged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Mock, Proxy, client, proxy_for, start_mock};
+use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use serde_json::{Value, json};
+
+/// Filtered whatever their size (three small tools stand for a large block).
+const FILTER_ALL: &str = "[tools]\nmin_tool_tokens = 0\n";
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "description": "Weather forecast for a city. Gives hourly temperatures and rain.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "days": {"type": "integer"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "send_email",
+            "description": "Send an email message.",
+            "parameters": {"type": "object", "properties": {"to": {"type": "string"},
+                "body": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "create_event",
+            "description": "Create a calendar event.",
+            "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}}}
+    ])
+}
+
+/// A question no keyword ties to a tool: every tool goes as a stub.
+fn request(stream: bool) -> Value {
+    json!({"model": "gpt-4o", "stream": stream,
+        "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+        "messages": [{"role": "user", "content": "Do I need an umbrella in Paris tomorrow?"}],
+        "tools": tools()})
+}
+
+async fn post(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().post(proxy.url("/v1/chat/completions")).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+fn chat_count(mock: &Mock) -> u64 {
+    MockStats::get(&mock.stats.chat_requests)
+}
+
+/// Tool calls (name, arguments), text, usage and `data:` chunk ids of an SSE answer.
+struct Streamed {
+    calls: Vec<(String, String)>,
+    text: String,
+    usage: Option<Value>,
+    ids: Vec<String>,
+    comments: Vec<String>,
+}
+
+fn read_stream(body: &str) -> Streamed {
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert_eq!(body.matches("data: [DONE]").count(), 1, "{body}");
+    let mut out = Streamed {
+        calls: Vec::new(),
+        text: String::new(),
+        usage: None,
+        ids: Vec::new(),
+        comments: body
+            .lines()
+            .filter_map(|l| l.strip_prefix(": "))
+            .map(str::to_owned)
+            .collect(),
+    };
+    for payload in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if payload == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(payload).unwrap();
+        out.ids.push(chunk["id"].as_str().unwrap().to_owned());
+        if chunk["usage"].is_object() {
+            out.usage = Some(chunk["usage"].clone());
+        }
+        let delta = &chunk["choices"][0]["delta"];
+        out.text.push_str(delta["content"].as_str().unwrap_or(""));
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap() as usize;
+            if out.calls.len() <= index {
+                out.calls.push((String::new(), String::new()));
+            }
+            if let Some(name) = call["function"]["name"].as_str() {
+                out.calls[index].0 = name.to_owned();
+            }
+            if let Some(arguments) = call["function"]["arguments"].as_str() {
+                out.calls[index].1.push_str(arguments);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    // What goes upstream: every tool as a stub.
+    let explained = proxy.explain(&request(false), &[]).await;
+    let sent = &explained["request"]["tools"];
+    assert_eq!(sent.as_array().unwrap().len(), 3);
+    assert_eq!(
+        sent[0]["function"],
+        json!({"name": "get_weather", "description": "Weather forecast for a city.",
+            "parameters": {"type": "object", "properties": {}}})
+    );
+
+    let response = post(
+        &proxy,
+        &request(false),
+        &[("X-Mock-Tool-Call", "get_weather")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["x-ctxproxy-tools-expanded"],
+        "get_weather"
+    );
+    let answer: Value = response.json().await.unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    // Filled from the full schema, not the stub's `{}`.
+    assert_eq!(call["arguments"], r#"{"city":"mock"}"#);
+    assert_eq!(chat_count(&mock), 2);
+    // Usage of both calls.
+    let usage = &answer["usage"];
+    let one = post(&proxy, &request(false), &[("Cache-Control", "no-cache")]).await;
+    let one: Value = one.json().await.unwrap();
+    assert!(
+        usage["prompt_tokens"].as_u64().unwrap() > one["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{usage} vs {}",
+        one["usage"]
+    );
+    let expanded = proxy
+        .metric("ctxproxy_tool_expansions_total", &[("outcome", "expanded")])
+        .await;
+    assert_eq!(expanded, 1.0);
+}
+
+#[tokio::test]
+async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    for (conversation, preamble) in [("a", None), ("b", Some("Let me check the forecast."))] {
+        // Each its own conversation: the first one's call made the tool sticky in full.
+        let mut headers = vec![
+            ("X-Mock-Tool-Call", "get_weather"),
+            ("X-Conversation-Id", conversation),
+        ];
+        if let Some(text) = preamble {
+            headers.push(("X-Mock-Preamble", text));
+        }
+        let before = chat_count(&mock);
+        let response = post(&proxy, &request(true), &headers).await;
+        assert_eq!(response.status(), 200);
+        let streamed = read_stream(&response.text().await.unwrap());
+        assert_eq!(chat_count(&mock) - before, 2, "one re-ask");
+        assert_eq!(
+            streamed.calls,
+            [("get_weather".to_owned(), r#"{"city":"mock"}"#.to_owned())]
+        );
+        // Text said before the call is said once; one id for the whole answer.
+        assert_eq!(streamed.text, preamble.unwrap_or(""));
+        assert!(streamed.ids.iter().all(|id| *id == streamed.ids[0]));
+        assert_eq!(
+            streamed.comments,
+            ["x-ctxproxy-tools-expanded: get_weather"]
+        );
+        let usage = streamed.usage.unwrap();
+        assert_eq!(
+            usage["total_tokens"].as_u64().unwrap(),
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+        );
+    }
+}
+
+#[tokio::test]
+async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "[tools]\nmin_tool_tokens = 0\nmax_expansions = 1\n").await;
+    let headers = [("X-Mock-Tool-Call", "send_email"), ("X-Mock-Echo", "1")];
+    let response = post(&proxy, &request(false), &headers).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(chat_count(&mock), 2);
+    let all_full = proxy
+        .metric("ctxproxy_tool_expansions_total", &[("outcome", "all_full")])
+        .await;
+    assert_eq!(all_full, 1.0);
+    // The answer is the re-ask's, which offered every tool in full (the mock echoes it).
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"]["tools"], tools());
+}
+
+#[tokio::test]
+async fn left_out_remove_sends_no_stub_and_asks_once() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(
+        &mock,
+        "[tools]\nmin_tool_tokens = 0\nleft_out = \"remove\"\n",
+    )
+    .await;
+    let explained = proxy.explain(&request(false), &[]).await;
+    assert!(explained["request"].get("tools").is_none(), "{explained}");
+    let response = post(
+        &proxy,
+        &request(false),
+        &[("X-Mock-Tool-Call", "get_weather")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        response
+            .headers()
+            .get("x-ctxproxy-tools-expanded")
+            .is_none()
+    );
+    assert_eq!(chat_count(&mock), 1);
+}
+
+#[tokio::test]
+async fn a_few_small_tools_reach_the_upstream_unchanged() {
+    let mock = start_mock(MockOptions::default()).await;
+    // The default config: a block under `min_tool_tokens` is never filtered.
+    let proxy = proxy_for(&mock, "").await;
+    let response = post(&proxy, &request(false), &[("X-Mock-Echo", "1")]).await;
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"]["tools"], tools());
+}
