@@ -20,7 +20,12 @@ async fn official_python_sdk_chat_stream_tools_embeddings() {
         "CTXPROXY_TEST_PYTHON must name a python with the `openai` package (run scripts/test.sh)",
     );
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, "[continuation]\nenabled = true\n").await;
+    // Tools filtered whatever their size: check 8 reads an expanded stub call.
+    let proxy = proxy_for(
+        &mock,
+        "[continuation]\nenabled = true\n[tools]\nmin_tool_tokens = 0\n",
+    )
+    .await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/openai_sdk_check.py"

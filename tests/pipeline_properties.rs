@@ -337,3 +337,33 @@ proptest! {
         prop_assert_eq!(Some(cold.request), previous);
     }
 }
+
+/// The names of the function tools of `request`.
+fn tool_names(request: &ChatRequest) -> Vec<String> {
+    request
+        .tools
+        .get()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.function.as_ref().map(|f| f.name.clone()))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every tool the client sent is in the rewrite, in full or as a stub, in the client's
+    /// order; only `left_out = "remove"` removes tools. Filtered whatever the block's size.
+    #[test]
+    fn every_tool_stays_callable_unless_removal_is_asked(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let mut config = PipelineConfig::default();
+        config.tools.min_tool_tokens = 0;
+        let stubbed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
+        prop_assert_eq!(tool_names(&stubbed.request), tool_names(&request));
+        config.tools.left_out = pipeline::config::LeftOut::Remove;
+        let removed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
+        let kept = tool_names(&removed.request);
+        prop_assert!(kept.iter().all(|name| tool_names(&request).contains(name)));
+    }
+}

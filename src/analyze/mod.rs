@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::openai::{ChatRequest, Role};
+use crate::pipeline::tools::stubs::stubbed;
 use crate::pipeline::{self, StageName};
 use crate::tokens::Tokenizers;
 
@@ -58,9 +59,14 @@ pub struct ToolFiltering {
     /// Requests whose recorded answer called at least one tool, and those calls.
     pub requests_with_calls: u64,
     pub calls: u64,
+    /// Called tools offered, in full or as a stub.
     pub calls_kept: u64,
+    /// Called tools offered in full.
+    pub calls_full: u64,
     /// Requests whose answer's every called tool was kept.
     pub requests_all_kept: u64,
+    /// Requests whose answer called a stub: each costs at least one re-ask (the expansion).
+    pub requests_expanded: u64,
     /// Requests offering 10 or more tools, and their tool-definition tokens before and after.
     pub requests_10_plus_tools: u64,
     pub tool_tokens_before_10_plus: u64,
@@ -226,6 +232,10 @@ pub fn analyze(
         }
         let offered = tool_names(&request);
         let sent = tool_names(&rewrite.request);
+        let stubs = match (rewrite.request.tools.get(), request.tools.get()) {
+            (Some(sent), Some(client)) => stubbed(sent, client),
+            _ => Vec::new(),
+        };
         let tools = &mut analysis.tools;
         let called = answer
             .as_ref()
@@ -251,7 +261,10 @@ pub fn analyze(
             tools.requests_with_calls += 1;
             tools.calls += called.len() as u64;
             tools.calls_kept += kept;
+            let as_stubs = called.iter().filter(|c| stubs.contains(c)).count() as u64;
+            tools.calls_full += kept - as_stubs;
             tools.requests_all_kept += u64::from(kept == called.len() as u64);
+            tools.requests_expanded += u64::from(as_stubs > 0);
         }
         if offered.len() >= 10 {
             let tokens =
@@ -528,12 +541,19 @@ impl Analysis {
         let t = &self.tools;
         if t.requests_with_calls > 0 {
             out.push_str(&format!(
-                "tool recall: {}/{} called tools kept ({:.1}%), {}/{} requests kept all\n",
+                "tool recall: {}/{} called tools offered, in full or as a stub ({:.1}%), {}/{} requests kept all\n",
                 t.calls_kept,
                 t.calls,
                 100.0 * t.calls_kept as f64 / t.calls as f64,
                 t.requests_all_kept,
                 t.requests_with_calls
+            ));
+            out.push_str(&format!(
+                "called tools offered in full: {}/{} ({:.1}%); re-asks (expansions): {:.1} per 100 tool-calling requests\n",
+                t.calls_full,
+                t.calls,
+                100.0 * t.calls_full as f64 / t.calls as f64,
+                100.0 * t.requests_expanded as f64 / t.requests_with_calls as f64,
             ));
         }
         if t.requests_10_plus_tools > 0 {

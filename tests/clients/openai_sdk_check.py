@@ -147,5 +147,27 @@ plain = client.chat.completions.create(**cut)
 assert plain.choices[0].message.content == full, plain
 assert plain.usage.prompt_tokens > 0 and plain.choices[0].finish_reason == "stop"
 
+# 8. Deferred tools: nothing in the question names a tool, so both go as stubs; the mock calls
+#    one with `{}` (the stub's schema), ctxproxy asks again with it in full, and the SDK gets
+#    only that call, JSON (with the header) and streamed.
+deferred = dict(
+    model=MODEL,
+    messages=[{"role": "user", "content": "Do I need an umbrella in Paris tomorrow?"}],
+    tools=tools + [{"type": "function", "function": {"name": "send_email",
+                    "description": "Send an email.", "parameters": {"type": "object",
+                    "properties": {"to": {"type": "string"}}}}}],
+    extra_headers={"X-Mock-Tool-Call": "get_weather"},
+)
+raw = client.chat.completions.with_raw_response.create(**deferred)
+assert raw.headers.get("x-ctxproxy-tools-expanded") == "get_weather", dict(raw.headers)
+expanded = raw.parse()
+assert json.loads(expanded.choices[0].message.tool_calls[0].function.arguments) == {"city": "mock"}
+deferred["extra_headers"]["X-Conversation-Id"] = "sdk-deferred-stream"
+with client.chat.completions.stream(**deferred) as events:
+    final = events.get_final_completion()
+streamed_call = final.choices[0].message.tool_calls[0]
+assert streamed_call.function.name == "get_weather"
+assert json.loads(streamed_call.function.arguments) == {"city": "mock"}, streamed_call
+
 print("openai SDK checks passed")
 sys.exit(0)
