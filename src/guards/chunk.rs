@@ -4,6 +4,29 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use crate::openai::sse::event_data;
+
+/// One SSE event of a streamed answer.
+pub enum Event {
+    /// `data: [DONE]`.
+    Done,
+    /// A chunk with `choices`.
+    Chunk(Value),
+    /// A comment, an error, or a shape no rewriter knows: relayed as it came.
+    Other,
+}
+
+pub fn read(raw: &[u8]) -> Event {
+    match event_data(raw).as_deref() {
+        Some("[DONE]") => Event::Done,
+        Some(payload) => serde_json::from_str::<Value>(payload)
+            .ok()
+            .filter(|c| c.get("choices").is_some())
+            .map_or(Event::Other, Event::Chunk),
+        None => Event::Other,
+    }
+}
+
 /// A chunk as an SSE event.
 pub fn event(payload: &Value) -> Bytes {
     Bytes::from(format!("data: {payload}\n\n"))

@@ -6,10 +6,10 @@
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::chunk::{event, has_delta, restamp, usage_chunk};
+use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
-use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
+use crate::openai::sse::{SseSplitter, event_too_large_event};
 
 /// The names of the tools in `stubs` that a JSON completion calls, in order, once each.
 pub fn called_stubs(completion: &Value, stubs: &[String]) -> Vec<String> {
@@ -152,20 +152,16 @@ impl ExpandStream {
     }
 
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
-        let chunk = match event_data(&raw).as_deref() {
-            Some("[DONE]") => {
+        let mut chunk = match chunk::read(&raw) {
+            Event::Done => {
                 self.done = true;
                 return;
             }
-            Some(payload) => serde_json::from_str::<Value>(payload)
-                .ok()
-                .filter(|c| c.get("choices").is_some()),
-            None => None,
-        };
-        // Comments, errors and shapes it does not know go out as they came.
-        let Some(mut chunk) = chunk else {
-            out.push(raw);
-            return;
+            Event::Chunk(chunk) => chunk,
+            Event::Other => {
+                out.push(raw);
+                return;
+            }
         };
         if self.add_usage(&chunk, &raw) {
             return;
@@ -284,6 +280,20 @@ mod tests {
         }
     }
 
+    /// What the client gets of `first`, which calls the stub, then of its re-ask `second`.
+    fn first_then_re_asked(first: &str, second: &str) -> Vec<Bytes> {
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let mut out = relayed(stream.push(first.as_bytes()));
+        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
+        stream.re_asked(Vec::new());
+        out.extend(relayed(stream.push(second.as_bytes())));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("the re-asked answer calls no stub");
+        };
+        out.extend(rest);
+        out
+    }
+
     #[test]
     fn a_json_answer_names_the_stubs_it_calls() {
         let answer = json!({"choices": [{"message": {"tool_calls": [
@@ -358,15 +368,7 @@ mod tests {
             DONE.to_owned(),
         ]
         .concat();
-        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
-        let mut out = relayed(stream.push(first.as_bytes()));
-        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
-        stream.re_asked(Vec::new());
-        out.extend(relayed(stream.push(second.as_bytes())));
-        let PartEnd::Done(rest) = stream.end_part() else {
-            panic!("the re-asked answer calls no stub");
-        };
-        out.extend(rest);
+        let out = first_then_re_asked(&first, &second);
         let expected = [
             chunk("a", json!({"role": "assistant", "content": ""}), None),
             chunk("a", json!({"content": "Let me check."}), None),
@@ -401,15 +403,7 @@ mod tests {
             DONE.to_owned(),
         ]
         .concat();
-        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
-        let mut out = relayed(stream.push(first.as_bytes()));
-        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
-        stream.re_asked(Vec::new());
-        out.extend(relayed(stream.push(second.as_bytes())));
-        let PartEnd::Done(rest) = stream.end_part() else {
-            panic!("no stub");
-        };
-        out.extend(rest);
+        let out = first_then_re_asked(&first, &second);
         let expected = [
             chunk("a", json!({"role": "assistant"}), None),
             chunk("a", json!({"content": "Which order?"}), None),

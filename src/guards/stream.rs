@@ -7,11 +7,11 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::Guards;
-use super::chunk::{event, has_delta, restamp, set_delta, set_finish, usage_chunk};
+use super::chunk::{self, Event, event, has_delta, restamp, set_delta, set_finish, usage_chunk};
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
+use crate::openai::sse::{SseSplitter, event_too_large_event};
 
 /// What to do with a piece of a part's body.
 #[derive(Debug, PartialEq, Eq)]
@@ -232,20 +232,17 @@ impl<'a> StreamRewriter<'a> {
 
     /// One event of the current part: what of it goes to the client is added to `out`.
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
-        let chunk = match event_data(&raw).as_deref() {
-            Some("[DONE]") => {
+        // Comments, errors and shapes it does not know go out untouched.
+        let mut chunk = match chunk::read(&raw) {
+            Event::Done => {
                 self.done = true;
                 return;
             }
-            Some(payload) => serde_json::from_str::<Value>(payload)
-                .ok()
-                .filter(Value::is_object),
-            None => None,
-        };
-        // Comments, errors and shapes it does not know go out untouched.
-        let Some(mut chunk) = chunk.filter(|c| c.get("choices").is_some()) else {
-            out.push(raw);
-            return;
+            Event::Chunk(chunk) => chunk,
+            Event::Other => {
+                out.push(raw);
+                return;
+            }
         };
         if self.add_usage(&chunk) {
             return;
