@@ -17,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 BIN=${CTXPROXY_BIN:-target/release/ctxproxy}
+# The binary path is not a config override: ctxproxy must not inherit it.
+unset CTXPROXY_BIN
 CONFIG=${1:-config.toml}
 shift || true
 if [ $# -gt 0 ]; then files=("$@"); else files=("$DATA/tau2_bench_dev_every_turn.jsonl"); fi

@@ -16,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 BIN=${CTXPROXY_BIN:-target/release/ctxproxy}
+# The binary path is not a config override: ctxproxy must not inherit it.
+unset CTXPROXY_BIN
 if [ "${SKIP_BUILD:-0}" != 1 ]; then cargo build --release --quiet; fi
 if [ $# -gt 0 ]; then
   files=("$@")

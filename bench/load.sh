@@ -35,6 +35,8 @@ MOCK_LATENCY_MS=${MOCK_LATENCY_MS:-0}
 BENCH_CONFIG=${BENCH_CONFIG:-config.toml}
 SKIP_BUILD=${SKIP_BUILD:-0}
 CTXPROXY_BIN=${CTXPROXY_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ctxproxy}
+# The binary path is not a config override: the proxy must not inherit it.
+export -n CTXPROXY_BIN
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/bench/results}
 TARGET_ADDED_P50_US=${TARGET_ADDED_P50_US:-100}
 TARGET_ADDED_P99_US=${TARGET_ADDED_P99_US:-500}

@@ -40,6 +40,8 @@ RECORD=${RECORD:-0}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 SKIP_BUILD=${SKIP_BUILD:-0}
 CTXPROXY_BIN=${CTXPROXY_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ctxproxy}
+# The binary path is not a config override: the proxy must not inherit it.
+export -n CTXPROXY_BIN
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/bench/results}
 
 log() { printf '[replay-load] %s\n' "$*" >&2; }
