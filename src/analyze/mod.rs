@@ -591,9 +591,9 @@ mod tests {
     }
 }
 
-/// The dedup decision over labelled pairs (`{"a", "b", "duplicate"}` per line).
-#[derive(Debug, Default, Serialize)]
-pub struct PairEvaluation {
+/// How the dedup decision did on some labelled pairs.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PairCounts {
     pub pairs: u64,
     pub true_positives: u64,
     pub false_positives: u64,
@@ -601,7 +601,37 @@ pub struct PairEvaluation {
     pub true_negatives: u64,
     pub precision: f64,
     pub recall: f64,
+}
+
+impl PairCounts {
+    fn add(&mut self, decided: bool, label: bool) {
+        self.pairs += 1;
+        match (decided, label) {
+            (true, true) => self.true_positives += 1,
+            (true, false) => self.false_positives += 1,
+            (false, true) => self.false_negatives += 1,
+            (false, false) => self.true_negatives += 1,
+        }
+        let ratio = |x: u64, y: u64| {
+            if x + y == 0 {
+                0.0
+            } else {
+                x as f64 / (x + y) as f64
+            }
+        };
+        self.precision = ratio(self.true_positives, self.false_positives);
+        self.recall = ratio(self.true_positives, self.false_negatives);
+    }
+}
+
+/// The dedup decision over labelled pairs (`{"a", "b", "duplicate"}` per line, and an optional
+/// `category`), overall and per category.
+#[derive(Debug, Default, Serialize)]
+pub struct PairEvaluation {
+    #[serde(flatten)]
+    pub overall: PairCounts,
     pub threshold: f32,
+    pub by_category: BTreeMap<String, PairCounts>,
     /// The pairs labelled distinct that the cache would have answered with each other.
     pub false_positive_pairs: Vec<[String; 2]>,
 }
@@ -623,25 +653,15 @@ pub fn dedup_pairs(reader: impl BufRead, threshold: f32) -> std::io::Result<Pair
         ) else {
             continue;
         };
-        eval.pairs += 1;
-        match (crate::cache::dedup::is_duplicate(a, b, threshold), label) {
-            (true, true) => eval.true_positives += 1,
-            (true, false) => {
-                eval.false_positives += 1;
-                eval.false_positive_pairs.push([a.to_owned(), b.to_owned()]);
-            }
-            (false, true) => eval.false_negatives += 1,
-            (false, false) => eval.true_negatives += 1,
+        let decided = crate::cache::dedup::is_duplicate(a, b, threshold);
+        eval.overall.add(decided, label);
+        if let Some(category) = pair.get("category").and_then(Value::as_str) {
+            let counts = eval.by_category.entry(category.to_owned()).or_default();
+            counts.add(decided, label);
+        }
+        if decided && !label {
+            eval.false_positive_pairs.push([a.to_owned(), b.to_owned()]);
         }
     }
-    let ratio = |x: u64, y: u64| {
-        if x + y == 0 {
-            0.0
-        } else {
-            x as f64 / (x + y) as f64
-        }
-    };
-    eval.precision = ratio(eval.true_positives, eval.false_positives);
-    eval.recall = ratio(eval.true_positives, eval.false_negatives);
     Ok(eval)
 }

@@ -6,6 +6,7 @@
 //! same order — so "turn on dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
 //! worse than a miss.
 
+use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 
 use crate::pipeline::text::{is_stop_word, normalize, stem};
@@ -118,6 +119,41 @@ const PERSONS: &[(&str, u8)] = &[
     ("nuestra", 3),
 ];
 
+/// Words whose presence in only one of two questions does not change what it asks: articles,
+/// the auxiliaries "be", "do" and "have", and fillers. Pronouns, question words and negations
+/// are not here because they have guards of their own; every other word, function words
+/// included, counts ("difference between to and for" ≠ "between to and into").
+const NEUTRAL: &[&str] = &[
+    "a", "an", "the", "is", "are", "am", "was", "were", "be", "been", "being", "do", "does", "doe",
+    "did", "have", "has", "had", "some", "please", "really", "actually", "just", "el", "la", "los",
+    "las", "un", "una", "unos", "unas", "es", "son", "esta", "estan",
+    // "How do I…" asks what "How can I…" and "Who should I…" ask; the antonym guard keeps
+    // "should I" apart from "can I", and "could" counts ("can someone" ≠ "could someone").
+    "can", "should", // Greetings, thanks and hesitation.
+    "hi", "hello", "hey", "thanks", "thank", "cheers", "um", "uh", "er", "erm", "hmm", "ok",
+    "okay", "so", "hola", "gracias",
+];
+
+/// Words that ask the same in a question, each mapped to one of them.
+const SYNONYMS: &[(&str, &str)] = &[
+    ("meaning", "definition"),
+    ("receive", "get"),
+    ("shop", "store"),
+    ("silence", "mute"),
+    ("dispute", "challenge"),
+    ("update", "change"),
+];
+
+/// A question word's contraction, as the word: "what's" is "what" (is).
+const CONTRACTIONS: &[(&str, &str)] = &[
+    ("whats", "what"),
+    ("hows", "how"),
+    ("wheres", "where"),
+    ("whos", "who"),
+    ("whens", "when"),
+    ("whys", "why"),
+];
+
 /// A question this many times longer (in words) than the other asks more than it.
 const MAX_LENGTH_RATIO: f32 = 1.5;
 
@@ -127,7 +163,13 @@ fn words(text: &str) -> Vec<String> {
         .replace(['\'', '’'], "")
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(str::to_owned)
+        .map(|w| {
+            CONTRACTIONS
+                .iter()
+                .find(|(c, _)| *c == w)
+                .map_or(w, |(_, word)| word)
+                .to_owned()
+        })
         .collect()
 }
 
@@ -276,7 +318,7 @@ pub fn guard(a: &str, b: &str) -> Result<(), &'static str> {
         for word in w
             .iter()
             .filter(|x| !is_stop_word(x) && !SOFT_WORDS.contains(&x.as_str()))
-            .map(|x| stem(x))
+            .map(|x| synonym(&stem(x)))
             .filter(|x| !SOFT_WORDS.contains(&x.as_str()))
         {
             if !out.contains(&word) {
@@ -288,7 +330,65 @@ pub fn guard(a: &str, b: &str) -> Result<(), &'static str> {
     if content(&wa) != content(&wb) {
         return Err("content");
     }
+    // Every word but the neutral ones, as sets: a qualifier, modifier, comparative, superlative
+    // or relation word in one question only ("best and worst" ≠ "worst", "over-excitation" ≠
+    // "excitation"), or any quoted word, blocks the hit.
+    if meaning(a, &wa) != meaning(b, &wb) {
+        return Err("words");
+    }
     Ok(())
+}
+
+/// What a question says, as a set: its stemmed words but the neutral ones, pronouns and
+/// question words (their guards compare them), and every word in quotes.
+fn meaning(text: &str, words: &[String]) -> BTreeSet<String> {
+    let guarded = |w: &str| {
+        NEUTRAL.contains(&w)
+            || PERSONS.iter().any(|(p, _)| *p == w)
+            || QUESTION_WORDS.iter().any(|(q, _)| *q == w)
+    };
+    let mut set: BTreeSet<String> = words
+        .iter()
+        .filter(|w| !guarded(w))
+        .map(|w| synonym(&stem(w)))
+        .collect();
+    set.extend(quoted(text).iter().map(|w| stem(w)));
+    set
+}
+
+fn synonym(word: &str) -> String {
+    SYNONYMS
+        .iter()
+        .find(|(w, _)| *w == word)
+        .map_or_else(|| word.to_owned(), |(_, same)| (*same).to_owned())
+}
+
+/// The words inside quotes ("…", '…', “…”, ‘…’), folded.
+fn quoted(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside: Option<char> = None;
+    let mut current = String::new();
+    for c in text.chars() {
+        let close = match inside {
+            Some('“') => '”',
+            Some('‘') => '’',
+            Some(open) => open,
+            None => '\0',
+        };
+        match inside {
+            None if matches!(c, '"' | '“' | '‘') => inside = Some(c),
+            // An apostrophe inside a word ("don't") opens nothing.
+            None if c == '\'' && current.is_empty() => inside = Some(c),
+            Some(_) if c == close => {
+                out.extend(words(&current));
+                current.clear();
+                inside = None;
+            }
+            Some(_) => current.push(c),
+            None => {}
+        }
+    }
+    out
 }
 
 /// Whether `b` may be answered with `a`'s answer.
@@ -299,6 +399,67 @@ pub fn is_duplicate(a: &str, b: &str, threshold: f32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_word_in_one_question_only_blocks_the_hit() {
+        for (a, b) in [
+            // A qualifier added or dropped.
+            (
+                "What are the best and worst jobs in finance?",
+                "What are the worst jobs in finance?",
+            ),
+            (
+                "What causes over-excitation of neurons?",
+                "What causes excitation of neurons?",
+            ),
+            // A function word that is what the question is about.
+            (
+                "What is the difference between to and for?",
+                "What is the difference between to and into?",
+            ),
+            // Another relation.
+            (
+                "Is Python good before learning Java?",
+                "Can Python be as good as Java?",
+            ),
+            // A quoted word, even a neutral one.
+            (
+                "When do I use 'the' in a title?",
+                "When do I use 'a' in a title?",
+            ),
+            // A modal that asks something else.
+            ("Can someone read my palm?", "Could someone read my palm?"),
+        ] {
+            let said = |q: &str| meaning(q, &words(q));
+            assert_ne!(said(a), said(b), "{a} | {b}");
+            assert!(guard(a, b).is_err(), "{a} | {b}");
+        }
+    }
+
+    #[test]
+    fn auxiliaries_greetings_and_contractions_do_not() {
+        for (a, b) in [
+            (
+                "How do I cancel a table reservation?",
+                "How can I cancel a table reservation?",
+            ),
+            ("What is the minimum order?", "What's the minimum order?"),
+            (
+                "How do I fix a dripping tap?",
+                "Hi, so how do I fix a dripping tap?",
+            ),
+            (
+                "What is the definition of civil engineering?",
+                "What is the meaning of civil engineering?",
+            ),
+        ] {
+            assert_eq!(guard(a, b), Ok(()), "{a} | {b}: {:?}", guard(a, b));
+        }
+        assert_eq!(
+            quoted("Use \"don't\" or ‘never’, it's fine"),
+            ["dont", "never"]
+        );
+    }
 
     #[test]
     fn vectors_of_any_length_survive_encoding() {

@@ -5,6 +5,7 @@
 pub mod assemble;
 pub mod config;
 pub mod dedup;
+pub mod dedup_scope;
 pub mod deterministic;
 pub mod embedder;
 pub mod time_words;

@@ -16,8 +16,8 @@ use crate::metrics::{CacheName, ChatLabels, LookupResult, SavingSource, UsageKin
 use sha2::{Digest, Sha256};
 
 use crate::cache::assemble::{StreamAssembler, replay, sse_body};
-use crate::cache::config::DedupScope;
 use crate::cache::dedup::{cosine, decode, encode, guard};
+use crate::cache::dedup_scope::{ineligible, scope_digest};
 use crate::cache::deterministic::{Decision, decide, key};
 use crate::cache::embedder::{self, embedder_id};
 use crate::cache::time_words::is_time_dependent;
@@ -103,6 +103,7 @@ fn count_dedup(state: &SharedState, result: LookupResult, labels: &ChatLabels) {
 pub async fn dedup_plan(
     state: &SharedState,
     chat: &ChatRequest,
+    sent: &Bytes,
     headers: &HeaderMap,
     scope: &str,
     labels: &ChatLabels,
@@ -117,32 +118,22 @@ pub async fn dedup_plan(
         Content::Text(text) => text.clone(),
         Content::Parts(_) => return None,
     };
+    // The contract and the conversation before the question (see `dedup_scope`).
+    let contract = serde_json::from_slice::<serde_json::Value>(sent)
+        .ok()
+        .filter(|body| ineligible(body).is_none())
+        .and_then(|body| scope_digest(&body, config.dedup.scope));
     let eligible = !question.trim().is_empty()
         && !is_time_dependent(&question, &config.time_words)
         && !no_store_or_no_cache(headers)
         && state.store.is_up();
-    if !eligible {
+    let Some(contract) = contract.filter(|_| eligible) else {
         count_dedup(state, LookupResult::Bypass, labels);
         return None;
-    }
-    let system: Vec<String> = chat
-        .messages
-        .iter()
-        .filter(|m| matches!(m.role, Role::System | Role::Developer))
-        .filter_map(|m| m.content.get().map(|c| c.text().into_owned()))
-        .collect();
-    let user = match config.dedup.scope {
-        DedupScope::System => String::new(),
-        DedupScope::User => chat
-            .extra
-            .get("user")
-            .and_then(|u| u.as_str())
-            .unwrap_or("")
-            .to_owned(),
     };
     let embedder = embedder_id(&config.dedup);
     let mut hasher = Sha256::new();
-    for part in [scope, &chat.model, &system.join("\n\n"), &user, &embedder] {
+    for part in [scope, &contract, &embedder] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
@@ -164,8 +155,8 @@ pub async fn dedup_plan(
         }
     };
     Some(DedupPlan {
-        // v2: the index apart from the answers (v1 lists, answers inline, are never read).
-        key: format!("cache:dedup:v2:{}", hex::encode(hasher.finalize())),
+        // v3: scoped by the request's contract and conversation (v2 and v1 are never read).
+        key: format!("cache:dedup:v3:{}", hex::encode(hasher.finalize())),
         vector,
         question,
     })

@@ -76,6 +76,7 @@ impl ChatCall<'_> {
         let dedup = cached::dedup_plan(
             state,
             &self.chat,
+            &outgoing.body,
             headers,
             &self.scope,
             labels,
@@ -88,7 +89,12 @@ impl ChatCall<'_> {
             log.cache = Some(CacheOutcome::Dedup);
             return Looked::Served(response);
         }
-        log.cache = Some(outcome);
+        // A dedup lookup that found nothing is a miss, whatever the deterministic cache said.
+        log.cache = Some(if dedup.is_some() {
+            CacheOutcome::Miss
+        } else {
+            outcome
+        });
         Looked::Miss(CacheKeys {
             deterministic,
             dedup,
