@@ -63,7 +63,8 @@ pub enum Embedder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DedupScope {
-    /// Tenant + model + the client's system prompt.
+    /// The caller, the request's contract and its turns before the question
+    /// (`cache::dedup_scope`).
     System,
     /// The same, and the request's `user` field.
     User,

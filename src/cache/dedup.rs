@@ -2,9 +2,10 @@
 //! built-in lexical embedder (folded words, word pairs and character trigrams hashed into a
 //! fixed-size vector) gives the similarity; a hit also needs every guard to pass — the same
 //! negations, no antonym swapped, the same question word and persons, similar lengths, the same
-//! numbers and distinctive tokens (names, identifiers, C++), and the same content words in the
-//! same order — so "turn on dark mode" never matches "turn off dark mode". Precision over recall: a wrong answer is
-//! worse than a miss.
+//! numbers and distinctive tokens (names, identifiers, C++), the same content words in the
+//! same order, and the same words as sets — so "turn on dark mode" never matches "turn off dark
+//! mode", nor "best and worst jobs" "worst jobs". Precision over recall: a wrong answer is worse
+//! than a miss. Which requests may share answers at all is `dedup_scope`.
 
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
