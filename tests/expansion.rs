@@ -235,3 +235,34 @@ async fn a_few_small_tools_reach_the_upstream_unchanged() {
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["mock_echo"]["body"]["tools"], tools());
 }
+
+#[tokio::test]
+async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metered() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let mut body = request(true);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let response = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
+    let streamed = read_stream(&response.text().await.unwrap());
+    assert_eq!(streamed.calls.len(), 1);
+    assert!(streamed.usage.is_none(), "the client did not ask for usage");
+    // The same question's prompt, once, as the mock counts it (it counts messages only).
+    let once: Value = post(&proxy, &request(false), &[("Cache-Control", "no-cache")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let once = once["usage"]["prompt_tokens"].as_f64().unwrap();
+    let mut metered = 0.0;
+    for _ in 0..50 {
+        metered = proxy
+            .metric("ctxproxy_usage_tokens_total", &[("kind", "prompt")])
+            .await;
+        if metered >= 3.0 * once {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The stream's two calls and the JSON one.
+    assert_eq!(metered, 3.0 * once);
+}

@@ -16,7 +16,7 @@ use crate::conversation::conversation_id;
 use crate::error::ProxyError;
 use crate::metrics::BudgetOutcome;
 use crate::openai::ChatRequest;
-use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, tools};
+use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::server::meter::Saving;
 use crate::server::{RequestContext, SharedState, prefix_state, read_body, scope, sticky};
 use crate::upstream::Upstream;
@@ -54,6 +54,8 @@ pub struct Outgoing {
     pub body: Bytes,
     /// What a rewritten request is priced against when its usage arrives.
     pub saving: Option<Saving>,
+    /// The rewrite, when it sends tools as stubs (an answer may call one: `expand`).
+    pub with_stubs: Option<ChatRequest>,
 }
 
 /// The pipeline's rewrite, and the conversation's state in the store before it.
@@ -112,6 +114,7 @@ impl<'a> ChatCall<'a> {
         let unchanged = Outgoing {
             body: self.bytes.clone(),
             saving: None,
+            with_stubs: None,
         };
         if self.mode == Mode::Off {
             return Ok(unchanged);
@@ -172,9 +175,17 @@ impl<'a> ChatCall<'a> {
             .map(Bytes::from)
             .map_err(|e| ProxyError::Internal(e.to_string()))?;
         log.sent_rewritten(&body);
+        let saving = self.saving_of(report);
+        let stubs = report
+            .stage(StageName::Tools)
+            .filter(|stage| stage.applied)
+            .and_then(|stage| stage.details.tools())
+            .and_then(|tools| tools.stubs)
+            .is_some_and(|stubs| stubs > 0);
         Ok(Outgoing {
             body,
-            saving: self.saving_of(report),
+            saving,
+            with_stubs: stubs.then_some(rewrite.request),
         })
     }
 

@@ -141,9 +141,13 @@ impl ChatCall<'_> {
             headers: &headers,
             body: &body,
         };
-        let expansion = optimize
-            .then(|| ExpandCall::new(state, upstream, &self.chat, sent, &log.labels))
-            .flatten();
+        let expansion = outgoing
+            .with_stubs
+            .filter(|_| optimize)
+            .and_then(|request| {
+                let request = (request, strip_usage);
+                ExpandCall::new(state, upstream, &self.chat, request, sent, &log.labels)
+            });
         let mut guard = optimize
             .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
             .flatten();

@@ -19,6 +19,7 @@ use crate::metrics::{ChatLabels, ExpansionOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool};
 use crate::pipeline::tools::stubs::{promote, stubbed};
 use crate::server::SharedState;
+use crate::server::meter;
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
 
 /// What an expansion needs: the request as sent (with its stubs), the client's tools, and
@@ -34,6 +35,8 @@ pub struct ExpandCall {
     stubs: Vec<String>,
     /// Re-asks so far.
     rounds: u32,
+    /// The stream's usage was asked for on the client's behalf.
+    stream_usage: bool,
     labels: ChatLabels,
 }
 
@@ -48,15 +51,16 @@ pub struct Expanded {
 }
 
 impl ExpandCall {
-    /// `None` when the request sent offers no stub.
+    /// `request`: the rewrite sent as `sent` (with `stream_usage`: its stream asked for usage on
+    /// the client's behalf). `None` when it offers no stub.
     pub fn new(
         state: &SharedState,
         upstream: &Arc<Upstream>,
         client: &ChatRequest,
+        (request, stream_usage): (ChatRequest, bool),
         sent: Sent<'_>,
         labels: &ChatLabels,
     ) -> Option<ExpandCall> {
-        let request = ChatRequest::parse(sent.body).ok()?;
         let client_tools = client.tools.get()?.clone();
         let stubs = stubbed(request.tools.get()?, &client_tools);
         if stubs.is_empty() {
@@ -71,6 +75,7 @@ impl ExpandCall {
             client_tools,
             stubs,
             rounds: 0,
+            stream_usage,
             labels: labels.clone(),
         })
     }
@@ -84,9 +89,19 @@ impl ExpandCall {
         let promoted = promote(tools, &self.client_tools, names);
         self.stubs = stubbed(&promoted, &self.client_tools);
         self.request.tools = Nullable::Value(promoted);
-        serde_json::to_vec(&self.request)
-            .map(Bytes::from)
-            .map_err(|e| ProxyError::Internal(e.to_string()))
+        let body =
+            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        Ok(self.as_sent(body))
+    }
+
+    /// A body of this request as the first one went: a stream asks for its usage (the meter
+    /// reads it; the client gets it only if it asked).
+    fn as_sent(&self, body: Vec<u8>) -> Bytes {
+        let asked = self
+            .stream_usage
+            .then(|| meter::with_stream_usage(&body))
+            .flatten();
+        Bytes::from(asked.unwrap_or(body))
     }
 
     /// The request with every stub promoted.
@@ -94,7 +109,9 @@ impl ExpandCall {
         let tools = self.request.tools.get()?;
         let mut request = self.request.clone();
         request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
-        serde_json::to_vec(&request).ok().map(Bytes::from)
+        serde_json::to_vec(&request)
+            .ok()
+            .map(|body| self.as_sent(body))
     }
 
     async fn ask(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {
