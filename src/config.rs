@@ -993,6 +993,11 @@ mod tests {
                 "auth.keys[0].sha256",
             ),
             ("[log]\nformat = \"xml\"", "log.format"),
+            ("[tools]\nmax_expansions = 0", "tools.max_expansions"),
+            (
+                "[tools]\nmax_expansions = 4294967295",
+                "tools.max_expansions",
+            ),
             (
                 "[upstream]\napi_key_env = \"CTXPROXY_TEST_SURELY_UNSET_VAR\"",
                 "upstream.api_key_env",

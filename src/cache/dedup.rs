@@ -135,6 +135,9 @@ const NEUTRAL: &[&str] = &[
     "okay", "so", "hola", "gracias",
 ];
 
+/// Auxiliaries of the past (the verbs around them are compared as words).
+const PAST: &[&str] = &["was", "were", "did", "had", "fue", "era", "eran", "fueron"];
+
 /// Words that ask the same in a question, each mapped to one of them.
 const SYNONYMS: &[(&str, &str)] = &[
     ("meaning", "definition"),
@@ -145,7 +148,7 @@ const SYNONYMS: &[(&str, &str)] = &[
     ("update", "change"),
 ];
 
-/// A question word's contraction, as the word: "what's" is "what" (is).
+/// A question word's contraction, as the word and "is": "what's" is "what is".
 const CONTRACTIONS: &[(&str, &str)] = &[
     ("whats", "what"),
     ("hows", "how"),
@@ -164,12 +167,9 @@ fn words(text: &str) -> Vec<String> {
         .replace(['\'', '’'], "")
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(|w| {
-            CONTRACTIONS
-                .iter()
-                .find(|(c, _)| *c == w)
-                .map_or(w, |(_, word)| word)
-                .to_owned()
+        .flat_map(|w| match CONTRACTIONS.iter().find(|(c, _)| *c == w) {
+            Some((_, word)) => vec![(*word).to_owned(), "is".to_owned()],
+            None => vec![w.to_owned()],
         })
         .collect()
 }
@@ -301,6 +301,11 @@ pub fn guard(a: &str, b: &str) -> Result<(), &'static str> {
     if asks(&wa) != asks(&wb) {
         return Err("question");
     }
+    // "Who was the CEO" is not "who is the CEO": a question in the past asks about the past.
+    let past = |w: &[String]| w.iter().any(|x| PAST.contains(&x.as_str()));
+    if past(&wa) != past(&wb) {
+        return Err("tense");
+    }
     let numbers = |w: &[String]| -> Vec<String> {
         w.iter()
             .filter(|x| x.chars().any(|c| c.is_ascii_digit()))
@@ -367,9 +372,15 @@ fn synonym(word: &str) -> String {
 /// The words inside quotes ("…", '…', “…”, ‘…’), folded.
 fn quoted(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    let chars: Vec<char> = text.chars().collect();
     let mut inside: Option<char> = None;
     let mut current = String::new();
-    for c in text.chars() {
+    for (i, &c) in chars.iter().enumerate() {
+        // An apostrophe within a word ("don't", "John's") neither opens nor closes a quote.
+        let before = i.checked_sub(1).and_then(|j| chars.get(j));
+        let after = chars.get(i + 1);
+        let in_word = before.is_some_and(|b| b.is_alphanumeric())
+            && after.is_some_and(|a| a.is_alphanumeric());
         let close = match inside {
             Some('“') => '”',
             Some('‘') => '’',
@@ -377,10 +388,11 @@ fn quoted(text: &str) -> Vec<String> {
             None => '\0',
         };
         match inside {
-            None if matches!(c, '"' | '“' | '‘') => inside = Some(c),
-            // An apostrophe inside a word ("don't") opens nothing.
-            None if c == '\'' && current.is_empty() => inside = Some(c),
-            Some(_) if c == close => {
+            None if matches!(c, '"' | '“') => inside = Some(c),
+            None if matches!(c, '\'' | '‘') && !before.is_some_and(|b| b.is_alphanumeric()) => {
+                inside = Some(c)
+            }
+            Some(_) if c == close && !in_word => {
                 out.extend(words(&current));
                 current.clear();
                 inside = None;

@@ -11,6 +11,10 @@ use super::continuation::sum_usage;
 use super::stream::Relay;
 use crate::openai::sse::{SseSplitter, event_too_large_event};
 
+/// The SSE comment that ends an expanded stream, before the names of the promoted tools (headers
+/// are gone by then).
+pub const EXPANDED_COMMENT: &str = ": x-ctxproxy-tools-expanded: ";
+
 /// The names of the tools in `stubs` that a JSON completion calls, in order, once each.
 pub fn called_stubs(completion: &Value, stubs: &[String]) -> Vec<String> {
     let mut called = Vec::new();
@@ -76,8 +80,13 @@ pub struct ExpandStream {
     part: u32,
     /// `id`, `created`, `model` of the first chunk: later parts carry them.
     head: Option<Value>,
-    /// Text went to the client: a re-asked answer adds only its tool calls.
-    text_relayed: bool,
+    /// The text that went to the client: a re-asked answer adds only what goes beyond it.
+    said: String,
+    /// The text of the re-asked part, held while the client may already have it.
+    reasked: String,
+    /// The client has had the answer's `role`; this part's chunks carry it.
+    role_relayed: bool,
+    role_in_part: bool,
     /// Events from the part's first tool call on, held until the part ends.
     held: Vec<Bytes>,
     holding: bool,
@@ -96,7 +105,10 @@ impl ExpandStream {
             splitter: SseSplitter::with_max_event(max_event),
             part: 0,
             head: None,
-            text_relayed: false,
+            said: String::new(),
+            reasked: String::new(),
+            role_relayed: false,
+            role_in_part: false,
             held: Vec::new(),
             holding: false,
             called: Vec::new(),
@@ -128,6 +140,10 @@ impl ExpandStream {
         if !self.called.is_empty() {
             return PartEnd::ReAsk(std::mem::take(&mut self.called));
         }
+        if let Some(extra) = self.beyond_said() {
+            out.push(extra);
+        }
+        self.role_relayed |= self.role_in_part;
         out.append(&mut self.held);
         if self.part == 0 {
             out.extend(self.usage_event.take());
@@ -146,7 +162,10 @@ impl ExpandStream {
         self.splitter = SseSplitter::with_max_event(self.max_event);
         self.part += 1;
         self.held.clear();
-        self.holding = false;
+        self.reasked.clear();
+        self.role_in_part = false;
+        // Once text went out, a re-asked part is held whole: its text is known only at its end.
+        self.holding = !self.said.is_empty();
         self.usage_event = None;
         self.done = false;
     }
@@ -166,7 +185,9 @@ impl ExpandStream {
         if self.add_usage(&chunk, &raw) {
             return;
         }
-        if self.head.is_none() {
+        // The head comes from a chunk with a choice (a provider may open with an empty one).
+        let has_choice = chunk["choices"].as_array().is_some_and(|c| !c.is_empty());
+        if self.head.is_none() && has_choice {
             let mut head = chunk.clone();
             if let Some(head) = head.as_object_mut() {
                 head.remove("choices");
@@ -194,8 +215,12 @@ impl ExpandStream {
             if let Some(head) = &self.head {
                 restamp(&mut chunk, head);
             }
-            if self.text_relayed {
-                drop_text(&mut chunk);
+            if !self.said.is_empty() {
+                self.reasked.push_str(&take_text(&mut chunk));
+            }
+            if !self.role_relayed && !self.role_in_part && has_choice {
+                set_role(&mut chunk);
+                self.role_in_part = true;
             }
             let finishes = !chunk["choices"][0]["finish_reason"].is_null();
             if !has_delta(&chunk) && !finishes {
@@ -207,11 +232,34 @@ impl ExpandStream {
             self.held.push(relayed);
             return;
         }
-        let says = chunk["choices"][0]["delta"]["content"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty());
-        self.text_relayed |= says;
+        if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
+            self.said.push_str(text);
+        }
+        self.role_relayed |= !chunk["choices"][0]["delta"]["role"].is_null();
         out.push(relayed);
+    }
+
+    /// The re-asked part's text beyond what the client already has, as a chunk; a re-ask that
+    /// says something else is relayed from where it parts from what was said.
+    fn beyond_said(&mut self) -> Option<Bytes> {
+        let shared = self
+            .said
+            .char_indices()
+            .zip(self.reasked.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(self.said.len().min(self.reasked.len()), |((i, _), _)| i);
+        let extra = self
+            .reasked
+            .get(shared..)
+            .filter(|e| !e.is_empty())?
+            .to_owned();
+        self.said.push_str(&extra);
+        let mut chunk = self.head.clone()?;
+        chunk.as_object_mut()?.insert(
+            "choices".into(),
+            serde_json::json!([{"index": 0, "delta": {"content": extra}, "finish_reason": null}]),
+        );
+        Some(event(&chunk))
     }
 
     /// Sums a usage-only chunk into the usage sent at the end; whether it was one.
@@ -229,13 +277,25 @@ impl ExpandStream {
     }
 }
 
-/// A re-asked chunk without its text: the client already has the first answer's.
-fn drop_text(chunk: &mut Value) {
+/// A re-asked chunk's text, taken out of it (it goes out at the part's end, without what the
+/// client already has).
+fn take_text(chunk: &mut Value) -> String {
+    chunk
+        .pointer_mut("/choices/0/delta")
+        .and_then(Value::as_object_mut)
+        .and_then(|delta| delta.remove("content"))
+        .and_then(|text| text.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The role on a re-asked chunk, when the client has had none (the first answer's role came
+/// with the stub call it did not get).
+fn set_role(chunk: &mut Value) {
     if let Some(delta) = chunk
         .pointer_mut("/choices/0/delta")
         .and_then(Value::as_object_mut)
     {
-        delta.remove("content");
+        delta.insert("role".into(), Value::from("assistant"));
     }
 }
 
@@ -292,6 +352,72 @@ mod tests {
         };
         out.extend(rest);
         out
+    }
+
+    #[test]
+    fn a_role_that_came_with_the_stub_call_comes_with_the_re_asked_one() {
+        let first = [
+            chunk(
+                "a",
+                json!({"role": "assistant", "content": null,
+                "tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                    "function": {"name": "stubbed", "arguments": "{}"}}]}),
+                None,
+            ),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let second = [
+            chunk(
+                "b",
+                json!({"role": "assistant", "content": null,
+                "tool_calls": [{"index": 0, "id": "c2", "type": "function",
+                    "function": {"name": "stubbed", "arguments": "{\"id\":\"7\"}"}}]}),
+                None,
+            ),
+            chunk("b", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let out = text_of(&first_then_re_asked(&first, &second));
+        let roles = out.matches("\"role\":\"assistant\"").count();
+        assert_eq!(roles, 1, "{out}");
+        assert!(out.contains("\"id\":\"c2\""), "the re-asked call: {out}");
+    }
+
+    #[test]
+    fn a_re_ask_that_says_more_than_the_client_has_adds_the_rest() {
+        let first = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", json!({"content": "Let me check."}), None),
+            chunk("a", call("stubbed", "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let second = [
+            chunk("b", json!({"role": "assistant", "content": ""}), None),
+            chunk("b", json!({"content": "Let me check."}), None),
+            chunk("b", json!({"content": " What is your order number?"}), None),
+            chunk("b", json!({}), Some("stop")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let out = first_then_re_asked(&first, &second);
+        let said: String = out
+            .iter()
+            .filter_map(|e| {
+                let text = String::from_utf8_lossy(e);
+                let payload = text.strip_prefix("data: ")?.trim().to_owned();
+                let chunk: Value = serde_json::from_str(&payload).ok()?;
+                chunk["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(said, "Let me check. What is your order number?");
+        assert!(text_of(&out).contains("\"finish_reason\":\"stop\""));
     }
 
     #[test]

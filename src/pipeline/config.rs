@@ -70,6 +70,9 @@ impl Default for PipelineConfig {
     }
 }
 
+/// The most re-asks `[tools] max_expansions` may allow (each one is an upstream call).
+const MAX_EXPANSIONS: u32 = 8;
+
 /// `[tools]`: tool filtering by category.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -388,6 +391,12 @@ impl PipelineConfig {
         }
         if !(tools.context_weight.is_finite() && tools.context_weight >= 0.0) {
             return tools_err("context_weight", "must be a number of at least 0");
+        }
+        if !(1..=MAX_EXPANSIONS).contains(&tools.max_expansions) {
+            return tools_err(
+                "max_expansions",
+                &format!("must be between 1 and {MAX_EXPANSIONS}"),
+            );
         }
         if tools.sticky_ttl_secs == 0 {
             return tools_err("sticky_ttl_secs", "must be greater than 0");

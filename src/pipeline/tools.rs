@@ -299,6 +299,8 @@ impl Stage for ToolsStage {
         {
             keep.extend(category.tools.iter().cloned());
         }
+        // `drop_all` sends the protected tools only: nothing left out goes as a stub.
+        let stubs = config.left_out == LeftOut::Stub && reason != Reason::NoMatchDrop;
         if reason == Reason::NoMatchDrop && !keep.is_empty() {
             reason = Reason::Protected;
         }
@@ -306,7 +308,6 @@ impl Stage for ToolsStage {
         let offered = tools.len();
         // Left-out tools become stubs in place (the block keeps the client's order), unless
         // they are removed. Tools without a function name (other tool types) are always kept.
-        let stubs = config.left_out == LeftOut::Stub && reason != Reason::NoMatchDrop;
         let mut forms = BTreeMap::new();
         let mut kept: Vec<Tool> = Vec::with_capacity(offered);
         for tool in tools {
@@ -723,6 +724,17 @@ mod tests {
             let (sent, _) = sent_from(airline(), user(text), json!({}), &[], |_| {});
             assert_eq!(sent, expected, "{text}");
         }
+    }
+
+    #[test]
+    fn drop_all_sends_only_the_protected_tools_even_with_stubs_on() {
+        let mut tools = offered();
+        tools.push(tool("calculate", "Evaluate an arithmetic expression."));
+        let (sent, request) = sent_from(tools, user("hello there"), json!({}), &[], |c| {
+            c.tools.left_out = LeftOut::Stub;
+        });
+        assert_eq!(sent, ["calculate"]);
+        assert_eq!(request.tools.get().map(Vec::len), Some(1));
     }
 
     #[test]

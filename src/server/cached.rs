@@ -133,7 +133,8 @@ pub async fn dedup_plan(
     };
     let embedder = embedder_id(&config.dedup);
     let mut hasher = Sha256::new();
-    for part in [scope, &contract, &embedder] {
+    // The route too: one model name on two upstreams is two models.
+    for part in [scope, upstream.config.name.as_str(), &contract, &embedder] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }

@@ -13,6 +13,7 @@ use super::SharedState;
 use crate::bill::{self, Prompt};
 use crate::body::{BodyEnd, BodyObserver};
 use crate::config::ModelPrice;
+use crate::guards::expand::EXPANDED_COMMENT;
 use crate::metrics::{ChatLabels, SavingSource, UsageKind};
 use crate::openai::sse::event_data;
 use crate::openai::{Nullable, Usage, with_first_field};
@@ -35,6 +36,9 @@ pub struct Saving {
     /// The tokens sent; the usage says how many of them were cached.
     pub sent_tokens: usize,
     pub price: ModelPrice,
+    /// The answer called stubs and was asked again: what was sent is the usage's prompt
+    /// tokens, every call summed.
+    pub expanded: bool,
 }
 
 pub struct ResponseMeter {
@@ -47,6 +51,8 @@ pub struct ResponseMeter {
     received: Option<Instant>,
     json: Vec<u8>,
     counted: bool,
+    /// The stream says it was expanded (its re-asks' prompts are in its usage).
+    expanded: bool,
 }
 
 impl ResponseMeter {
@@ -66,6 +72,7 @@ impl ResponseMeter {
             received: Some(received),
             json: Vec::new(),
             counted: false,
+            expanded: false,
         }
     }
 
@@ -86,7 +93,10 @@ impl ResponseMeter {
             .and_then(|d| d.get("cached_tokens"))
             .and_then(serde_json::Value::as_u64);
         let cached = reported.unwrap_or(0);
-        if let Some(saving) = self.saving {
+        if let Some(mut saving) = self.saving {
+            if saving.expanded || self.expanded {
+                saving.sent_tokens = usage.prompt_tokens as usize;
+            }
             self.count_saving(saving, reported);
         }
         let tokens = &self.state.metrics.usage_tokens;
@@ -150,6 +160,9 @@ impl BodyObserver for ResponseMeter {
                 .stream_first_byte
                 .with_label_values(&[self.upstream.as_str()])
                 .observe(received.elapsed().as_secs_f64());
+        }
+        if memmem::find(data, EXPANDED_COMMENT.as_bytes()).is_some() {
+            self.expanded = true;
         }
         if memmem::find(data, b"\"usage\":{").is_some()
             && let Some(payload) = event_data(data)

@@ -270,6 +270,7 @@ impl<'a> ChatCall<'a> {
             },
             sent_tokens: report.tokens_after,
             price,
+            expanded: false,
         })
     }
 }

@@ -162,9 +162,15 @@ impl ChatCall<'_> {
                 &state.metrics,
             )
             .await?;
+        let mut saving = outgoing.saving;
         let answer = match expansion {
             Some(expansion) => {
                 let expanded = guarded::expand(expansion, answer, first).await?;
+                if !expanded.promoted.is_empty()
+                    && let Some(saving) = &mut saving
+                {
+                    saving.expanded = true;
+                }
                 log.expanded = expanded.promoted;
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
@@ -184,7 +190,7 @@ impl ChatCall<'_> {
         Ok(Answer {
             answer,
             sent_at,
-            saving: outgoing.saving,
+            saving,
             strip_usage,
         })
     }

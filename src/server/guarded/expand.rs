@@ -12,9 +12,9 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::pump::{Events, channel_body, forward, forward_all, pump};
-use super::{Sent, read_whole};
+use super::{Sent, read_whole, too_large};
 use crate::error::ProxyError;
-use crate::guards::expand::{ExpandStream, PartEnd, called_stubs, with_usage_of};
+use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
 use crate::metrics::{ChatLabels, ExpansionOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool};
 use crate::pipeline::tools::stubs::{promote, stubbed};
@@ -167,6 +167,14 @@ pub async fn expand(
     if is_event_stream(answer.response.headers()) {
         return Ok(expand_stream(call, answer, sent));
     }
+    // An answer too large to read whole is not a tool call: relayed as it comes.
+    if too_large(&answer) {
+        return Ok(Expanded {
+            answer,
+            promoted: Vec::new(),
+            sent,
+        });
+    }
     expand_json(call, answer, sent).await
 }
 
@@ -215,7 +223,13 @@ async fn expand_json(
                 sent,
             });
         }
-        let (next_parts, next_bytes, _) = read_whole(&call.upstream.config, next).await?;
+        let (next_parts, next_bytes, _) = match read_whole(&call.upstream.config, next).await {
+            Ok(read) => read,
+            Err(e) => {
+                call.count(ExpansionOutcome::Error, expanding);
+                return Err(e);
+            }
+        };
         let Ok(next_answer) = serde_json::from_slice::<Value>(&next_bytes) else {
             call.count(ExpansionOutcome::Error, expanding);
             return Ok(done(next_parts, next_bytes, promoted, sent));
@@ -277,8 +291,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             PartEnd::Done(last) => {
                 if !promoted.is_empty() {
                     call.count(call.outcome(), expanding);
-                    let comment =
-                        format!(": x-ctxproxy-tools-expanded: {}\n\n", promoted.join(","));
+                    let comment = format!("{EXPANDED_COMMENT}{}\n\n", promoted.join(","));
                     if !forward(events, Bytes::from(comment)).await {
                         return;
                     }

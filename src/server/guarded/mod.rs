@@ -185,6 +185,16 @@ impl GuardCall {
     }
 }
 
+/// A JSON answer that says it is larger than `MAX_JSON_BYTES`: relayed unread.
+fn too_large(answer: &UpstreamResponse) -> bool {
+    answer
+        .response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|len| len > MAX_JSON_BYTES)
+}
+
 /// Reads a JSON answer whole (at most `MAX_JSON_BYTES`, by its deadline): its parts, its body
 /// and when it was asked.
 async fn read_whole(
@@ -221,13 +231,7 @@ pub async fn guard(
     if is_event_stream(answer.response.headers()) {
         return Ok((stream::guard_stream(call, answer), Flags::default()));
     }
-    let too_large = answer
-        .response
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .is_some_and(|len| len > MAX_JSON_BYTES);
-    if too_large {
+    if too_large(&answer) {
         return Ok((answer, Flags::default()));
     }
     json::guard_json(&call, answer).await
