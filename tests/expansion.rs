@@ -266,3 +266,20 @@ async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metere
     // The stream's two calls and the JSON one.
     assert_eq!(metered, 3.0 * once);
 }
+
+#[tokio::test]
+async fn several_streamed_choices_go_with_every_tool_in_full() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let mut body = request(true);
+    body["n"] = json!(2);
+    let response = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
+    let streamed = read_stream(&response.text().await.unwrap());
+    // No stub was offered, so none was called, and nothing was asked again.
+    assert_eq!(chat_count(&mock), 1);
+    assert_eq!(
+        streamed.calls,
+        [("get_weather".to_owned(), r#"{"city":"mock"}"#.to_owned())]
+    );
+    assert!(streamed.comments.is_empty());
+}

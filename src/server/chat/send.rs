@@ -136,18 +136,32 @@ impl ChatCall<'_> {
         // Optimize mode only: a call to a stub is asked again with the tool in full, and the
         // agent guards ask again with what was sent.
         let optimize = self.mode == Mode::Optimize;
+        let mut body = body;
         let sent = Sent {
             uri: &uri,
             headers: &headers,
             body: &body,
         };
-        let expansion = outgoing
+        let mut expansion = outgoing
             .with_stubs
             .filter(|_| optimize)
             .and_then(|request| {
                 let request = (request, strip_usage);
                 ExpandCall::new(state, upstream, &self.chat, request, sent, &log.labels)
             });
+        if let Some(all_full) = expansion
+            .as_ref()
+            .filter(|x| x.streams_several_choices())
+            .and_then(ExpandCall::all_full)
+        {
+            body = all_full;
+            expansion = None;
+        }
+        let sent = Sent {
+            uri: &uri,
+            headers: &headers,
+            body: &body,
+        };
         let mut guard = optimize
             .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
             .flatten();

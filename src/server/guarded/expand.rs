@@ -104,8 +104,20 @@ impl ExpandCall {
         Bytes::from(asked.unwrap_or(body))
     }
 
+    /// Several choices streamed at once: each would need its own splice, so such a request
+    /// goes with every tool in full from the start.
+    pub fn streams_several_choices(&self) -> bool {
+        self.request.is_stream()
+            && self
+                .request
+                .extra
+                .get("n")
+                .and_then(serde_json::Value::as_f64)
+                .is_some_and(|n| n > 1.0)
+    }
+
     /// The request with every stub promoted.
-    fn all_full(&self) -> Option<Bytes> {
+    pub fn all_full(&self) -> Option<Bytes> {
         let tools = self.request.tools.get()?;
         let mut request = self.request.clone();
         request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
@@ -301,7 +313,11 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             }
             PartEnd::ReAsk(called) => {
                 let next = match call.promote(&called) {
-                    Ok(request) => call.ask(request).await.ok(),
+                    // A client that left is not asked for again.
+                    Ok(request) => tokio::select! {
+                        next = call.ask(request) => next.ok(),
+                        () = events.closed() => return,
+                    },
                     Err(_) => None,
                 };
                 promoted.extend(called);
