@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
-use crate::openai::sse::{SseSplitter, event_too_large_event};
+use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
 
 /// The SSE comment that ends an expanded stream, before the names of the promoted tools (headers
 /// are gone by then).
@@ -95,6 +95,8 @@ pub struct ExpandStream {
     usage_event: Option<Bytes>,
     usage: Option<Value>,
     done: bool,
+    /// The part carried an error event.
+    failed: bool,
 }
 
 impl ExpandStream {
@@ -115,6 +117,7 @@ impl ExpandStream {
             usage_event: None,
             usage: None,
             done: false,
+            failed: false,
         }
     }
 
@@ -137,7 +140,10 @@ impl ExpandStream {
         if let Some(raw) = self.splitter.finish() {
             self.relay_event(raw, &mut out);
         }
-        if !self.called.is_empty() {
+        if self.failed {
+            // The client was told the answer failed: no call of it, stub or not, follows.
+            self.held.clear();
+        } else if !self.called.is_empty() {
             return PartEnd::ReAsk(std::mem::take(&mut self.called));
         }
         if let Some(extra) = self.beyond_said() {
@@ -178,6 +184,8 @@ impl ExpandStream {
             }
             Event::Chunk(chunk) => chunk,
             Event::Other => {
+                // An error event ends the answer for the client: nothing is asked again.
+                self.failed |= event_data(&raw).is_some_and(|data| data.contains("\"error\""));
                 out.push(raw);
                 return;
             }
@@ -418,6 +426,24 @@ mod tests {
             .collect();
         assert_eq!(said, "Let me check. What is your order number?");
         assert!(text_of(&out).contains("\"finish_reason\":\"stop\""));
+    }
+
+    #[test]
+    fn after_an_error_event_nothing_is_asked_again_nor_any_call_relayed() {
+        let error = "data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n";
+        let part = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", call("stubbed", "{}"), None),
+            error.to_owned(),
+        ]
+        .concat();
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let out = relayed(stream.push(part.as_bytes()));
+        assert!(text_of(&out).ends_with(error), "{}", text_of(&out));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("asked again after an error");
+        };
+        assert!(text_of(&rest).is_empty(), "{}", text_of(&rest));
     }
 
     #[test]
