@@ -338,17 +338,6 @@ proptest! {
     }
 }
 
-/// The names of the function tools of `request`.
-fn tool_names(request: &ChatRequest) -> Vec<String> {
-    request
-        .tools
-        .get()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.function.as_ref().map(|f| f.name.clone()))
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -360,10 +349,10 @@ proptest! {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
         let stubbed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
-        prop_assert_eq!(tool_names(&stubbed.request), tool_names(&request));
+        prop_assert_eq!(stubbed.request.tool_names(), request.tool_names());
         config.tools.left_out = pipeline::config::LeftOut::Remove;
         let removed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
-        let kept = tool_names(&removed.request);
-        prop_assert!(kept.iter().all(|name| tool_names(&request).contains(name)));
+        let kept = removed.request.tool_names();
+        prop_assert!(kept.iter().all(|name| request.tool_names().contains(name)));
     }
 }

@@ -146,16 +146,6 @@ fn prompt_split(request: &ChatRequest, tokenizers: &Tokenizers) -> (u64, u64) {
 /// Turns (user messages) from which a request counts as a long conversation.
 const LONG_CONVERSATION_TURNS: usize = 20;
 
-fn tool_names(request: &ChatRequest) -> Vec<&str> {
-    request
-        .tools
-        .get()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
-        .collect()
-}
-
 /// Runs the pipeline over `reader`'s requests. `meta`, when given, is the recording's meta
 /// file (one line per request, same order) whose `response_tool_names` measure tool recall.
 pub fn analyze(
@@ -230,8 +220,8 @@ pub fn analyze(
         if !report.fits {
             analysis.over_budget += 1;
         }
-        let offered = tool_names(&request);
-        let sent = tool_names(&rewrite.request);
+        let offered = request.tool_names();
+        let sent = rewrite.request.tool_names();
         let stubs = match (rewrite.request.tools.get(), request.tools.get()) {
             (Some(sent), Some(client)) => stubbed(sent, client),
             _ => Vec::new(),

@@ -52,6 +52,16 @@ impl ChatRequest {
         Ok(chat)
     }
 
+    /// The names of the function tools offered, in order.
+    pub fn tool_names(&self) -> Vec<&str> {
+        self.tools
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
+            .collect()
+    }
+
     /// The text of the last user message ("" when there is none).
     pub fn last_user_text(&self) -> String {
         self.messages

@@ -557,16 +557,6 @@ mod tests {
             .collect()
     }
 
-    fn tool_names(request: &ChatRequest) -> Vec<String> {
-        request
-            .tools
-            .get()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t.function.as_ref().map(|f| f.name.clone()))
-            .collect()
-    }
-
     #[test]
     fn points_are_the_requests_the_history_shows() {
         let full = synthetic::conversation(3).unwrap();
@@ -593,7 +583,7 @@ mod tests {
                 (None, Some(before)) => {
                     appended += 1;
                     // The previous rewrite, byte for byte, then the new messages.
-                    assert_eq!(tool_names(sent), tool_names(before));
+                    assert_eq!(sent.tool_names(), before.tool_names());
                     assert_eq!(sent.tools, before.tools);
                     assert!(sent.messages.starts_with(&before.messages));
                     // Rebuilding would not have paid, and the budget is not what it breaks.
@@ -744,10 +734,10 @@ mod tests {
                 ..env(&config, &counter, &memo, None)
             },
         );
-        assert_eq!(tool_names(&with.request), ["weather_forecast"]);
+        assert_eq!(with.request.tool_names(), ["weather_forecast"]);
         // The same request of another conversation, with nothing stored: not the memo's answer.
         let without = run(&request, &env(&config, &counter, &memo, None));
-        assert!(tool_names(&without.request).is_empty());
+        assert!(without.request.tool_names().is_empty());
     }
 
     #[test]
