@@ -9,10 +9,11 @@ mod common;
 
 use common::{Mock, Proxy, client, proxy_for, start_mock};
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use ctxproxy::pipeline::tools::inline;
 use serde_json::{Value, json};
 
 /// Filtered whatever their size (three small tools stand for a large block).
-const FILTER_ALL: &str = "[tools]\nmin_tool_tokens = 0\n";
+const FILTER_ALL: &str = "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
 
 fn tools() -> Value {
     json!([
@@ -186,7 +187,7 @@ async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
 #[tokio::test]
 async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, "[tools]\nmin_tool_tokens = 0\nmax_expansions = 1\n").await;
+    let proxy = proxy_for(&mock, "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\nmax_expansions = 1\n").await;
     let headers = [("X-Mock-Tool-Call", "send_email"), ("X-Mock-Echo", "1")];
     let response = post(&proxy, &request(false), &headers).await;
     assert_eq!(response.status(), 200);
@@ -205,7 +206,7 @@ async fn left_out_remove_sends_no_stub_and_asks_once() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(
         &mock,
-        "[tools]\nmin_tool_tokens = 0\nleft_out = \"remove\"\n",
+        "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\nleft_out = \"remove\"\n",
     )
     .await;
     let explained = proxy.explain(&request(false), &[]).await;
@@ -253,18 +254,38 @@ async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metere
         .await
         .unwrap();
     let once = once["usage"]["prompt_tokens"].as_f64().unwrap();
+    // The re-ask's prompt: the question and the definition of the tool called.
+    let client_tools: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
+    let defined = inline::message(&client_tools, &["get_weather".to_owned()]);
+    let mut reask = request(false);
+    reask["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::to_value(&defined).unwrap());
+    let reask: Value = client()
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .json(&reask)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reask = reask["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(reask > once);
+    let expected = once + reask + once;
     let mut metered = 0.0;
     for _ in 0..50 {
         metered = proxy
             .metric("ctxproxy_usage_tokens_total", &[("kind", "prompt")])
             .await;
-        if metered >= 3.0 * once {
+        if metered >= expected {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // The stream's two calls and the JSON one.
-    assert_eq!(metered, 3.0 * once);
+    assert_eq!(metered, expected);
 }
 
 #[tokio::test]

@@ -44,6 +44,7 @@ fn whole() -> PipelineConfig {
         ..PipelineConfig::default()
     };
     config.tools.min_tool_tokens = 0;
+    config.tools.min_stub_tokens = 0;
     config
 }
 

@@ -327,7 +327,7 @@ async fn a_claim_without_a_tool_call_is_flagged_and_repaired_on_demand() {
     let repairing = proxy_for(
         &mock,
         // Its one small tool is filtered (min_tool_tokens = 0), as a large block would be.
-        "[tools]\nmin_tool_tokens = 0\n[action_check]\nenabled = true\nretry = true\nretry_note = \"No tool was called. Call it now. [mock:tool_call]\"\n",
+        "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n[action_check]\nenabled = true\nretry = true\nretry_note = \"No tool was called. Call it now. [mock:tool_call]\"\n",
     )
     .await;
     let before = chat_count(&mock);

@@ -23,7 +23,7 @@ async fn official_python_sdk_chat_stream_tools_embeddings() {
     // Tools filtered whatever their size: check 8 reads an expanded stub call.
     let proxy = proxy_for(
         &mock,
-        "[continuation]\nenabled = true\n[tools]\nmin_tool_tokens = 0\n",
+        "[continuation]\nenabled = true\n[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n",
     )
     .await;
     let script = concat!(

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use ctxproxy::openai::{ChatRequest, Role};
+use ctxproxy::pipeline::tools::inline;
 use ctxproxy::pipeline::working_set::WorkingSet;
 use ctxproxy::pipeline::{self, PipelineConfig};
 use ctxproxy::tokens::{Encoding, TokenCounter};
@@ -252,6 +253,26 @@ proptest! {
     }
 }
 
+/// Every tool an assistant message of the rewrite calls is in full in the block, or defined
+/// by a definitions message before that assistant message: the model always saw what it
+/// called.
+fn assert_called_tools_defined(rewrite: &ChatRequest, client: &ChatRequest) {
+    let client_tools = client.tools.get().cloned().unwrap_or_default();
+    let sent = rewrite.tools.get().cloned().unwrap_or_default();
+    let stubs = pipeline::tools::stubs::stubbed(&sent, &client_tools);
+    for (index, message) in rewrite.messages.iter().enumerate() {
+        let defined = inline::defined_in(&rewrite.messages[..index]);
+        for call in message.tool_calls() {
+            let name = &call.function.name;
+            assert!(
+                !stubs.contains(name) || defined.contains(name),
+                "{name} called at {index} with no definition before it: {:?}",
+                rewrite.messages
+            );
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
@@ -314,15 +335,22 @@ proptest! {
     /// report says it was rebuilt; every one is valid; and the last comes out the same without
     /// the memo (from the history alone).
     #[test]
-    fn each_rewrite_extends_the_previous_one_except_at_recompactions(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+    fn each_rewrite_extends_the_previous_one_except_at_recompactions(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000]), filter in any::<bool>()) {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = pipeline::Memo::default();
-        let config = PipelineConfig::default();
+        let mut config = PipelineConfig::default();
+        if filter {
+            // Small tools filtered as a large block would be: stubs, and definitions placed in
+            // the messages as the conversation calls them.
+            config.tools.min_tool_tokens = 0;
+            config.tools.min_stub_tokens = 0;
+        }
         let env = env(&config, &counter, &memo, budget);
         let mut previous: Option<ChatRequest> = None;
         for earlier in earlier_requests(&request) {
             let rewrite = pipeline::run(&earlier, &env);
             assert_valid(&rewrite.request);
+            assert_called_tools_defined(&rewrite.request, &earlier);
             let prefix = rewrite.report.prefix.clone().expect("a prefix report");
             if let (None, Some(before)) = (prefix.rebuilt, &previous) {
                 prop_assert_eq!(&rewrite.request.tools, &before.tools);
@@ -348,6 +376,7 @@ proptest! {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.min_stub_tokens = 0;
         let stubbed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
         prop_assert_eq!(stubbed.request.tool_names(), request.tool_names());
         config.tools.left_out = pipeline::config::LeftOut::Remove;

@@ -78,7 +78,7 @@ async fn proxy_with(mock_url: &str, env: &[(&str, String)]) -> Proxy {
     // What is left out is removed, as before stubs: these tests read the tools sent.
     start_proxy_with_env(
         &format!(
-            "[upstream]\nbase_url = \"{mock_url}\"\n[tools]\nmin_tool_tokens = 0\n\
+            "[upstream]\nbase_url = \"{mock_url}\"\n[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n\
              left_out = \"remove\"\non_no_match = \"drop_all\"\n"
         ),
         env,

@@ -20,6 +20,7 @@ use crate::bill::cached_of;
 use crate::config::Config;
 use crate::openai::ChatRequest;
 use crate::pipeline;
+use crate::pipeline::tools::inline;
 use crate::tokens::{Encoding, Tokenizers};
 
 /// A follow-up whose common prefix is under this share of the previous request broke it.
@@ -52,7 +53,14 @@ pub struct CostReport {
     pub requests: u64,
     pub conversations: u64,
     pub original: Bill,
+    /// The rewrites, and the re-asks of those whose recorded answer called a stub the model
+    /// had no definition of (each billed as the request it is, after the one it repeats).
     pub rewritten: Bill,
+    /// The rewrites alone: what `cache_cost.py`, which sees no re-ask, bills.
+    pub rewritten_without_reasks: Bill,
+    /// Re-asks billed in `rewritten` (`inline::reask`): recorded answers (`response_tool_names`
+    /// of the meta file) that called a tool the rewrite sent as a stub without a definition.
+    pub reasks: u64,
     /// Requests whose model has no `[prices]` entry (left out of the dollars).
     pub unpriced: u64,
     /// Rewrites over the budget (sent over the floor).
@@ -195,6 +203,7 @@ pub fn cost(
     let memo = pipeline::Memo::default();
     let mut meta_lines = meta.map(|m| m.lines());
     let (mut original, mut rewritten) = (Ledger::default(), Ledger::default());
+    let mut without_reasks = Ledger::default();
     let mut previous = PreviousRenders::default();
     let mut report = CostReport {
         ratios: ratios.to_vec(),
@@ -216,11 +225,19 @@ pub fn cost(
         let Ok(request) = serde_json::from_value::<ChatRequest>(body.clone()) else {
             continue;
         };
-        let conversation = meta_line
+        let meta_value = meta_line
             .as_deref()
             .and_then(|l| serde_json::from_str::<Value>(l).ok())
-            .and_then(|m| m["conversation"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| "all".to_owned());
+            .unwrap_or(Value::Null);
+        let conversation = meta_value["conversation"]
+            .as_str()
+            .map_or_else(|| "all".to_owned(), str::to_owned);
+        let called: Vec<String> = meta_value["response_tool_names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_owned))
+            .collect();
         conversations.insert(conversation.clone());
         let price = config
             .price_of(&request.model)
@@ -257,6 +274,11 @@ pub fn cost(
         };
         original.add(&conversation, &body, price);
         rewritten.add(&conversation, &sent, price);
+        without_reasks.add(&conversation, &sent, price);
+        if let Some(reask) = reasked(&request, &rewrite.request, &called) {
+            rewritten.add(&conversation, &reask, price);
+            report.reasks += 1;
+        }
         let stages = pipeline::stage_snapshots(&request, &env)
             .into_iter()
             .map(|(name, r)| {
@@ -280,7 +302,26 @@ pub fn cost(
     report.conversations = conversations.len() as u64;
     report.original = original.bill;
     report.rewritten = rewritten.bill;
+    report.rewritten_without_reasks = without_reasks.bill;
     Ok(report)
+}
+
+/// The re-ask `sent` costs when its answer calls `called`: `None` when the model had a
+/// definition of every tool called.
+fn reasked(client: &ChatRequest, sent: &ChatRequest, called: &[String]) -> Option<Value> {
+    let (Some(client_tools), Some(tools)) = (client.tools.get(), sent.tools.get()) else {
+        return None;
+    };
+    let undefined = inline::undefined_stubs(tools, &sent.messages, client_tools);
+    let stubs: Vec<String> = called
+        .iter()
+        .filter(|c| undefined.contains(c))
+        .cloned()
+        .collect();
+    if stubs.is_empty() {
+        return None;
+    }
+    serde_json::to_value(inline::reask(sent, client_tools, &stubs)).ok()
 }
 
 /// `1234567` as `1,234,567`.
@@ -363,6 +404,27 @@ impl CostReport {
             rewritten.usd,
             change(rewritten.usd, original.usd)
         ));
+        if self.reasks > 0 {
+            let without = &self.rewritten_without_reasks;
+            let changes: Vec<String> = self
+                .ratios
+                .iter()
+                .map(|r| format!("{:+.1}%", change(without.at_ratio(*r), original.at_ratio(*r))))
+                .collect();
+            out.push_str(&format!(
+                "| through ctxproxy, re-asks left out (as cache_cost.py) | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",
+                thousands(without.input_tokens as f64),
+                change(without.input_tokens as f64, original.input_tokens as f64),
+                without.cached_share(),
+                changes.join(" | "),
+                without.usd,
+                change(without.usd, original.usd)
+            ));
+            out.push_str(&format!(
+                "re-asks billed through ctxproxy: {} (recorded answers that called a tool sent as a stub without its definition)\n",
+                self.reasks
+            ));
+        }
         let follow_ups = self.requests.saturating_sub(self.conversations);
         out.push_str(&format!(
             "prefix broken (common prefix < 90% of the previous request): original {} of {follow_ups}, through ctxproxy {} of {follow_ups}\n",

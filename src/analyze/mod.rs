@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::openai::{ChatRequest, Role};
-use crate::pipeline::tools::stubs::stubbed;
+use crate::pipeline::tools::inline::{self, undefined_stubs};
 use crate::pipeline::{self, StageName};
 use crate::tokens::Tokenizers;
 
@@ -223,7 +223,7 @@ pub fn analyze(
         let offered = request.tool_names();
         let sent = rewrite.request.tool_names();
         let stubs = match (rewrite.request.tools.get(), request.tools.get()) {
-            (Some(sent), Some(client)) => stubbed(sent, client),
+            (Some(sent), Some(client)) => undefined_stubs(sent, &rewrite.request.messages, client),
             _ => Vec::new(),
         };
         let tools = &mut analysis.tools;
@@ -261,7 +261,11 @@ pub fn analyze(
                 |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice)) as u64;
             tools.requests_10_plus_tools += 1;
             tools.tool_tokens_before_10_plus += tokens(&request);
-            tools.tool_tokens_after_10_plus += tokens(&rewrite.request);
+            // Definitions placed in the messages are tool definitions too.
+            let placed: usize = inline::definition_messages(&rewrite.request.messages)
+                .map(|(m, _)| counter.message(m))
+                .sum();
+            tools.tool_tokens_after_10_plus += tokens(&rewrite.request) + placed as u64;
         }
         for stage in &report.stages {
             let totals = analysis

@@ -2,7 +2,8 @@
 //!
 //! Answers are deterministic functions of the request ([`reply`]). Request headers steer it:
 //! `X-Mock-Status: 503` fails with that status, `X-Mock-Tool-Call: auto|<name>` answers with a
-//! tool call (its arguments filled from the tool's schema as received: `{}` for a stub;
+//! tool call (its arguments filled from the tool's schema as received, or from its definition
+//! in a definitions message of ctxproxy's: `{}` for a stub without one;
 //! `X-Mock-Preamble: <text>` says text before it), `X-Mock-Latency-Ms` overrides the latency, `X-Mock-Echo: 1` adds the received
 //! body and headers to a non-streaming answer, `X-Mock-Reply: <text>` sets the text of the
 //! answer (continued where an assistant message of the request left it, repeating the last

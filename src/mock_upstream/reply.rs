@@ -104,8 +104,15 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
         };
         let name = declared.map_or(wanted.clone(), |f| f.name.clone());
         if name != "auto" {
-            let arguments = declared
-                .and_then(|f| f.parameters.get())
+            // A full definition in the messages (what ctxproxy places there for a tool it
+            // sends as a stub) is what a model reads the parameters from.
+            let defined = crate::pipeline::tools::inline::definitions_in(&request.messages)
+                .into_iter()
+                .find(|f| f["name"] == name.as_str())
+                .map(|f| f["parameters"].clone());
+            let arguments = defined
+                .as_ref()
+                .or_else(|| declared.and_then(|f| f.parameters.get()))
                 .map_or_else(|| "{}".to_owned(), arguments_for_schema);
             return Reply {
                 tool_calls: vec![MockToolCall {

@@ -94,6 +94,9 @@ pub struct ToolsConfig {
     pub left_out: LeftOut,
     /// Cap of a stub's description.
     pub stub_description_tokens: usize,
+    /// A tool whose definition is shorter than this goes in full: its stub would save little,
+    /// and a call to a stub costs a re-ask.
+    pub min_stub_tokens: usize,
     /// Re-asks of one request whose answer called stubs; past them, every tool goes in full.
     pub max_expansions: u32,
     /// Earlier turns read as context, and the characters read of each of their messages.
@@ -114,13 +117,14 @@ impl Default for ToolsConfig {
     fn default() -> Self {
         ToolsConfig {
             enabled: true,
-            min_tool_tokens: 3_000,
+            min_tool_tokens: 1_000,
             categories: Vec::new(),
             always: Vec::new(),
             keep_single_word_tools: true,
             on_no_match: OnNoMatch::Stub,
             left_out: LeftOut::Stub,
             stub_description_tokens: 24,
+            min_stub_tokens: 150,
             max_expansions: 2,
             context_turns: 3,
             context_chars: 150,

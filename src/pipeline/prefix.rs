@@ -97,7 +97,7 @@ const MAX_REPLAY: usize = 256;
 
 /// Seeds of the memo keys and digests of this module; bump `VERSION` when the decision rule
 /// changes, so that remembered states of an older rule are not resumed from.
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 const SETTINGS_SEED: u64 = 0x7072_6566_6978_0001;
 const STATE_SEED: u64 = 0x7072_6566_6978_0002;
 const WHOLE_SEED: u64 = 0x7072_6566_6978_0003;
@@ -464,7 +464,14 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
     let counter = env.counter;
     let mut sent = anchored.request.clone();
     let (mut before, mut after, mut compacted) = (0, 0, 0);
-    for message in &request.messages[from..] {
+    // Tools needed since are defined where the need arose, as the whole rewrite would.
+    let definitions = tools::definitions_from(request, from, env.config, counter, env.memo);
+    let mut definitions = definitions.into_iter().peekable();
+    for (index, message) in request.messages.iter().enumerate().skip(from) {
+        while let Some((_, defined)) = definitions.next_if(|(at, _)| *at <= index) {
+            after += counter.message(&defined);
+            sent.messages.push(defined);
+        }
         before += counter.message(message);
         let message = match compact::appended(message, env.config, counter) {
             Some(smaller) => {
@@ -475,6 +482,10 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
         };
         after += counter.message(&message);
         sent.messages.push(message);
+    }
+    for (_, defined) in definitions {
+        after += counter.message(&defined);
+        sent.messages.push(defined);
     }
     let anchor = &anchored.report;
     let mut stages: Vec<StageReport> = anchor
@@ -714,6 +725,7 @@ mod tests {
     fn a_first_request_reads_the_stored_sticky_categories() {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.min_stub_tokens = 0;
         config.tools.left_out = crate::pipeline::config::LeftOut::Remove;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();

@@ -155,6 +155,9 @@ pub struct ToolsDetails {
     /// Sent as stubs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stubs: Option<usize>,
+    /// Of the stubs, those whose full definitions are in the messages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inline: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
     /// The client's `tool_choice` that demands a call.
@@ -174,6 +177,7 @@ impl ToolsDetails {
             offered,
             sent: None,
             stubs: None,
+            inline: None,
             reason: None,
             tool_choice: None,
             tool_tokens: None,

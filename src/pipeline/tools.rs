@@ -10,6 +10,7 @@
 //! `calculate`), and, mid tool-loop, the categories already used in the current turn.
 
 pub(crate) mod catalog;
+pub mod inline;
 pub mod stubs;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ use super::{Memo, Stage, StageCx, StageOutput};
 use crate::glob::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use catalog::tool_name;
+use inline::Placed;
 use stubs::ToolForm;
 
 pub struct ToolsStage;
@@ -206,108 +208,19 @@ impl Stage for ToolsStage {
             }));
         }
         let catalog = Catalog::memoized(tools, config, cx.memo);
-        // Scores read what the client sent; protection reads what is sent on (a call the
-        // window removed needs no definition).
         let original = cx.original_messages;
+        let plan = plan(&catalog, tools, request, original, cx);
+        // Scores of the current turn, for the report (the block was decided at the first).
         let scores = turn_scores(&catalog, original, config);
-        let matched: Vec<String> = matched_of(&scores, config);
-        // The conversation's tool block only grows: what an earlier user turn matched, or a
-        // tool the conversation called, stays offered, so the tools sent (the start of the
-        // prompt) are the same bytes from turn to turn (the provider's prompt cache), and any
-        // replica reaches the same block from the history alone.
-        let earlier = earlier_turn_categories(&catalog, original, config, cx.memo);
-
-        // Protected tools and categories.
-        let messages = &request.messages;
-        let current_start = current_turn_start(messages);
-        let mut keep: BTreeSet<String> = BTreeSet::new();
-        let mut protected: Vec<String> = Vec::new();
-        if let Some(chosen) = chosen_tool(request) {
-            protected.push(chosen);
-        }
-        for message in messages.iter().chain(original) {
-            protected.extend(message.tool_calls().iter().map(|c| c.function.name.clone()));
-        }
-        let mid_loop = messages
-            .last()
-            .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
-        let mut loop_categories: BTreeSet<String> = BTreeSet::new();
-        if mid_loop {
-            for message in &messages[current_start..] {
-                for call in message.tool_calls() {
-                    loop_categories.extend(
-                        catalog
-                            .categories_of(&call.function.name)
-                            .map(str::to_owned),
-                    );
-                }
-            }
-        }
-        let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
-        for name in &names {
-            let utility = config.keep_single_word_tools && catalog::is_single_word(name);
-            if utility
-                || protected.iter().any(|p| p == name)
-                || config.always.iter().any(|p| glob_match(p, name))
-            {
-                keep.insert((*name).to_owned());
-            }
-        }
-
-        let sticky: Vec<String> = cx
-            .sticky_categories
-            .iter()
-            .filter(|s| catalog.categories.iter().any(|c| &c.name == *s))
-            .cloned()
-            .collect();
-        // Earlier turns' categories count as sticky: a follow-up needs them again.
-        let mut carried = sticky;
-        for category in earlier.iter() {
-            if !carried.contains(category) {
-                carried.push(category.clone());
-            }
-        }
-        let (mut selected, mut reason) = if !matched.is_empty() {
-            let mut selected = matched;
-            for category in carried {
-                if !selected.contains(&category) {
-                    selected.push(category);
-                }
-            }
-            (selected, Reason::Match)
-        } else if !carried.is_empty() {
-            (carried, Reason::Sticky)
-        } else if config.on_no_match == OnNoMatch::KeepAll {
-            (
-                catalog.categories.iter().map(|c| c.name.clone()).collect(),
-                Reason::NoMatchKeep,
-            )
-        } else if config.on_no_match == OnNoMatch::Stub {
-            (Vec::new(), Reason::NoMatchStub)
-        } else {
-            (Vec::new(), Reason::NoMatchDrop)
-        };
-        for category in &loop_categories {
-            if !selected.contains(category) {
-                selected.push(category.clone());
-            }
-        }
-        for category in catalog
-            .categories
-            .iter()
-            .filter(|c| selected.contains(&c.name))
-        {
-            keep.extend(category.tools.iter().cloned());
-        }
-        // `drop_all` sends the protected tools only: nothing left out goes as a stub.
-        let stubs = config.left_out == LeftOut::Stub && reason != Reason::NoMatchDrop;
-        if reason == Reason::NoMatchDrop && !keep.is_empty() {
-            reason = Reason::Protected;
-        }
 
         let offered = tools.len();
         // Left-out tools become stubs in place (the block keeps the client's order), unless
         // they are removed. Tools without a function name (other tool types) are always kept.
+        let defined_inline: BTreeSet<&str> = plan
+            .placed
+            .iter()
+            .flat_map(|p| p.names.iter().map(String::as_str))
+            .collect();
         let mut forms = BTreeMap::new();
         let mut kept: Vec<Tool> = Vec::with_capacity(offered);
         for tool in tools {
@@ -315,49 +228,285 @@ impl Stage for ToolsStage {
                 kept.push(tool.clone());
                 continue;
             };
-            let form = if keep.contains(name) {
+            let form = if plan.full.contains(name) {
                 kept.push(tool.clone());
                 ToolForm::Full
-            } else if stubs {
+            } else if plan.stubs {
                 let max = config.stub_description_tokens;
                 kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
-                ToolForm::Stub
+                if defined_inline.contains(name) {
+                    ToolForm::Inline
+                } else {
+                    ToolForm::Stub
+                }
             } else {
                 ToolForm::Removed
             };
             forms.insert(name.to_owned(), form);
         }
-        let stubbed = forms.values().filter(|f| **f == ToolForm::Stub).count();
+        let stubbed = forms.values().filter(|f| f.is_stub()).count();
         let scores = scores
             .into_iter()
             .map(|(name, (score, keywords))| (name, CategoryScore { score, keywords }))
             .collect();
-        let protected: BTreeSet<String> = protected
-            .into_iter()
-            .filter(|p| names.contains(&p.as_str()))
-            .collect();
         let details = StageDetails::Tools(ToolsDetails {
             sent: Some(kept.len() - stubbed),
             stubs: Some(stubbed),
-            reason: Some(reason),
+            inline: (!defined_inline.is_empty()).then_some(defined_inline.len()),
+            reason: Some(plan.reason),
             classifier: Some(Classified {
                 forms,
-                categories: selected,
+                categories: plan.categories,
                 scores,
                 sticky: cx.sticky_categories.to_vec(),
-                protected: protected.into_iter().collect(),
+                protected: plan.protected,
             }),
             ..ToolsDetails::offered(offered)
         });
-        if kept.len() == offered && stubbed == 0 {
+        let messages = (!plan.placed.is_empty()).then(|| {
+            let placed = definition_messages(&plan.placed, tools);
+            inline::insert(request.messages.clone(), original, &placed)
+        });
+        if kept.len() == offered && stubbed == 0 && messages.is_none() {
             return StageOutput::unchanged(details);
         }
         StageOutput {
-            messages: None,
+            messages,
             tools: Some(kept),
             details,
         }
     }
+
+    /// Definitions placed in the messages make them longer; the stubs beside them make the
+    /// request shorter (the pipeline as a whole still never grows a prompt).
+    fn structural(&self) -> bool {
+        true
+    }
+}
+
+/// What the stage sends of a request's tools: the block's full tools (decided on the
+/// conversation's first turn, grown only by strict tools), whether the others go as stubs,
+/// and the definitions placed in the messages.
+struct Plan {
+    full: BTreeSet<String>,
+    stubs: bool,
+    placed: Vec<Placed>,
+    reason: Reason,
+    categories: Vec<String>,
+    protected: Vec<String>,
+}
+
+/// The tool block is decided once per conversation, on its first turn (the messages up to
+/// the first answer to a user): tools the provider's prompt cache sees first stay the same
+/// bytes from turn to turn, and any replica reaches the same block from the history alone.
+/// A tool needed later is defined in the messages where the need arose (`inline`), or, when
+/// it is strict or left-out tools are removed, added to the block (a growth).
+fn plan(
+    catalog: &Catalog,
+    tools: &[Tool],
+    request: &ChatRequest,
+    original: &[Message],
+    cx: &StageCx<'_>,
+) -> Plan {
+    let config = &cx.config.tools;
+    let first = first_point(original);
+    // The store's sticky categories speak for a conversation only at its first turn; later,
+    // the history says what was used.
+    let sticky = if first == original.len() {
+        cx.sticky_categories
+    } else {
+        &[]
+    };
+    let block = first_turn_block(catalog, tools, request, &original[..first], sticky, config);
+    let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
+    // `drop_all` sends the protected tools only: nothing left out goes as a stub.
+    let stubs = config.left_out == LeftOut::Stub && !block.dropped;
+    let mut full = block.keep;
+    // A short definition goes in full: its stub would save little, and a call costs a re-ask.
+    full.extend(
+        tools
+            .iter()
+            .filter(|t| cx.counter.tools(std::slice::from_ref(t)) < config.min_stub_tokens)
+            .filter_map(tool_name)
+            .map(str::to_owned),
+    );
+    let mut defined = full.clone();
+    let mut placed = Vec::new();
+    let words = (!stubs).then_some(config);
+    for need in later_needs(catalog, original, first, words) {
+        let (strict, loose): (Vec<String>, Vec<String>) = need
+            .names
+            .into_iter()
+            .filter(|n| names.contains(&n.as_str()) && !defined.contains(n))
+            .partition(|n| {
+                tools
+                    .iter()
+                    .find(|t| tool_name(t) == Some(n.as_str()))
+                    .is_some_and(inline::is_strict)
+            });
+        defined.extend(strict.iter().chain(&loose).cloned());
+        full.extend(strict);
+        if !stubs {
+            full.extend(loose);
+        } else if !loose.is_empty() {
+            placed.push(Placed {
+                names: loose,
+                ..need
+            });
+        }
+    }
+    Plan {
+        full,
+        stubs,
+        placed,
+        reason: block.reason,
+        categories: block.categories,
+        protected: block.protected,
+    }
+}
+
+/// The definitions messages of `placed`, each at its spot.
+fn definition_messages(placed: &[Placed], tools: &[Tool]) -> Vec<(usize, Message)> {
+    placed
+        .iter()
+        .map(|p| (p.at, inline::message(tools, &p.names)))
+        .collect()
+}
+
+/// The definitions `request`'s rewrite places in its messages from the client's message
+/// `from` on (those at `from` itself only when an answer called them: the rest ended the
+/// rewrite of the request that sent the first `from` messages). What a conversation's next
+/// request appends to its earlier rewrite (`prefix`).
+pub fn definitions_from(
+    request: &ChatRequest,
+    from: usize,
+    config: &super::PipelineConfig,
+    counter: &crate::tokens::TokenCounter,
+    memo: &Memo,
+) -> Vec<(usize, Message)> {
+    if sends_block_whole(request, config, counter) {
+        return Vec::new();
+    }
+    let Some(tools) = request.tools.get() else {
+        return Vec::new();
+    };
+    let params = super::Params::from_config(config);
+    let cx = StageCx {
+        config,
+        params: &params,
+        counter,
+        memo,
+        sticky_categories: &[],
+        original_messages: &request.messages,
+    };
+    let catalog = Catalog::memoized(tools, &config.tools, memo);
+    let plan = plan(&catalog, tools, request, &request.messages, &cx);
+    let placed: Vec<Placed> = plan
+        .placed
+        .into_iter()
+        .filter(|p| p.at > from || (p.at == from && p.answered))
+        .collect();
+    definition_messages(&placed, tools)
+}
+
+/// The block of a conversation's first turn: the full tools and why.
+struct Block {
+    keep: BTreeSet<String>,
+    /// Nothing matched, and `on_no_match = "drop_all"`.
+    dropped: bool,
+    reason: Reason,
+    categories: Vec<String>,
+    protected: Vec<String>,
+}
+
+fn first_turn_block(
+    catalog: &Catalog,
+    tools: &[Tool],
+    request: &ChatRequest,
+    messages: &[Message],
+    sticky: &[String],
+    config: &super::config::ToolsConfig,
+) -> Block {
+    let scores = turn_scores(catalog, messages, config);
+    let matched: Vec<String> = matched_of(&scores, config);
+    let mut protected: Vec<String> = Vec::new();
+    if let Some(chosen) = chosen_tool(request) {
+        protected.push(chosen);
+    }
+    for message in messages {
+        protected.extend(message.tool_calls().iter().map(|c| c.function.name.clone()));
+    }
+    let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
+    let mut keep: BTreeSet<String> = BTreeSet::new();
+    for name in &names {
+        let utility = config.keep_single_word_tools && catalog::is_single_word(name);
+        if utility
+            || protected.iter().any(|p| p == name)
+            || config.always.iter().any(|p| glob_match(p, name))
+        {
+            keep.insert((*name).to_owned());
+        }
+    }
+    let carried: Vec<String> = sticky
+        .iter()
+        .filter(|s| catalog.categories.iter().any(|c| &c.name == *s))
+        .cloned()
+        .collect();
+    let (selected, mut reason) = if !matched.is_empty() {
+        let mut selected = matched;
+        for category in carried {
+            if !selected.contains(&category) {
+                selected.push(category);
+            }
+        }
+        (selected, Reason::Match)
+    } else if !carried.is_empty() {
+        (carried, Reason::Sticky)
+    } else if config.on_no_match == OnNoMatch::KeepAll {
+        (
+            catalog.categories.iter().map(|c| c.name.clone()).collect(),
+            Reason::NoMatchKeep,
+        )
+    } else if config.on_no_match == OnNoMatch::Stub {
+        (Vec::new(), Reason::NoMatchStub)
+    } else {
+        (Vec::new(), Reason::NoMatchDrop)
+    };
+    for category in catalog
+        .categories
+        .iter()
+        .filter(|c| selected.contains(&c.name))
+    {
+        keep.extend(category.tools.iter().cloned());
+    }
+    let dropped = reason == Reason::NoMatchDrop;
+    if dropped && !keep.is_empty() {
+        reason = Reason::Protected;
+    }
+    let protected: BTreeSet<String> = protected
+        .into_iter()
+        .filter(|p| names.contains(&p.as_str()))
+        .collect();
+    Block {
+        keep,
+        dropped,
+        reason,
+        categories: selected,
+        protected: protected.into_iter().collect(),
+    }
+}
+
+/// The length of a conversation's first request as its history shows: the messages before
+/// the first assistant message that answers a user (all of them when there is none).
+fn first_point(messages: &[Message]) -> usize {
+    let mut seen_user = false;
+    for (index, message) in messages.iter().enumerate() {
+        if seen_user && message.role == Role::Assistant {
+            return index;
+        }
+        seen_user |= message.role == Role::User;
+    }
+    messages.len()
 }
 
 /// A `tool_choice` of "required", or a choice among allowed tools: the client demands a tool
@@ -432,61 +581,87 @@ fn matched_of(
         .collect()
 }
 
-/// Seed of the memo keys of one user turn's matched categories, and what turns them into the
-/// keys of the union of every turn's up to it.
-const TURN_SEED: u64 = 0x7475_726e_0000_0001;
-const UNION_SEED: u64 = 0x756e_696f_6e00_0001;
-
-/// The categories earlier user turns of `messages` matched (each scored as it was then, with
-/// its own context), and those of every tool the conversation called; each turn is scored once
-/// per process (memoized by the conversation up to it).
-fn earlier_turn_categories(
+/// What the conversation needed after its first turn, in order, each at the client's message
+/// it goes before: mid tool loop, the tools of the categories the loop used (before its next
+/// step, or last); and the tools an assistant message called (before it, after the former).
+/// With `words` (left-out tools removed: no re-ask can recover a miss), also the tools of the
+/// categories a later user message matched (scored as it was then). With stubs, a later user
+/// message's words add nothing: on recorded agent traffic, defining what they matched cost
+/// more than the re-asks it saved.
+fn later_needs(
     catalog: &Catalog,
     messages: &[Message],
-    config: &super::config::ToolsConfig,
-    memo: &Memo,
-) -> BTreeSet<String> {
-    use std::hash::{BuildHasher, Hash, Hasher};
-    let current = current_turn_start(messages);
-    let mut called = BTreeSet::new();
-    let mut hasher = foldhash::quality::FixedState::with_seed(TURN_SEED).build_hasher();
-    catalog.key.hash(&mut hasher);
-    (config.min_score.to_bits(), config.context_weight.to_bits()).hash(&mut hasher);
-    (config.context_turns, config.context_chars).hash(&mut hasher);
-    // Each earlier user turn, with a key for the conversation up to it.
-    let mut turns: Vec<(usize, u64)> = Vec::new();
+    first: usize,
+    words: Option<&super::config::ToolsConfig>,
+) -> Vec<Placed> {
+    let loop_needs = |calls: &[String]| -> Vec<String> {
+        let categories: BTreeSet<&str> = calls
+            .iter()
+            .flat_map(|c| catalog.categories_of(c))
+            .collect();
+        let names: BTreeSet<String> = catalog
+            .categories
+            .iter()
+            .filter(|c| categories.contains(c.name.as_str()))
+            .flat_map(|c| c.tools.iter().cloned())
+            .collect();
+        names.into_iter().collect()
+    };
+    let mut needs = Vec::new();
+    let mut push = |at: usize, answered: bool, names: Vec<String>| {
+        if !names.is_empty() {
+            needs.push(Placed {
+                at,
+                answered,
+                names,
+            });
+        }
+    };
+    let mut loop_calls: Vec<String> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
-        crate::tokens::hash_message(message, &mut hasher);
-        for call in message.tool_calls() {
-            called.extend(
-                catalog
-                    .categories_of(&call.function.name)
-                    .map(str::to_owned),
-            );
-        }
-        if index < current && message.role == Role::User {
-            turns.push((index, hasher.clone().finish()));
+        match message.role {
+            Role::User => {
+                loop_calls.clear();
+                if let Some(config) = words.filter(|_| index >= first) {
+                    let scores = turn_scores(catalog, &messages[..=index], config);
+                    let matched = matched_of(&scores, config);
+                    let names: BTreeSet<String> = catalog
+                        .categories
+                        .iter()
+                        .filter(|c| matched.contains(&c.name))
+                        .flat_map(|c| c.tools.iter().cloned())
+                        .collect();
+                    push(index, false, names.into_iter().collect());
+                }
+            }
+            Role::Assistant => {
+                let called: BTreeSet<String> = message
+                    .tool_calls()
+                    .iter()
+                    .map(|c| c.function.name.clone())
+                    .collect();
+                if index >= first {
+                    let after_tool = index
+                        .checked_sub(1)
+                        .and_then(|i| messages.get(i))
+                        .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
+                    if after_tool {
+                        push(index, false, loop_needs(&loop_calls));
+                    }
+                    push(index, true, called.iter().cloned().collect());
+                }
+                loop_calls.extend(called);
+            }
+            _ => {}
         }
     }
-    // The union up to a turn is memoized too: a conversation's next request starts from the
-    // previous one's and scores only its new turn.
-    let union_key = |key: u64| key ^ UNION_SEED;
-    let resume = turns
-        .iter()
-        .rposition(|&(_, key)| memo.peek::<BTreeSet<String>>(union_key(key)).is_some());
-    let mut found: BTreeSet<String> = resume
-        .and_then(|k| memo.peek::<BTreeSet<String>>(union_key(turns[k].1)))
-        .map(|union| (*union).clone())
-        .unwrap_or_default();
-    for &(index, key) in &turns[resume.map_or(0, |k| k + 1)..] {
-        let matched = memo.value(key, || {
-            matched_of(&turn_scores(catalog, &messages[..=index], config), config)
-        });
-        found.extend(matched.iter().cloned());
-        memo.value(union_key(key), || found.clone());
+    let mid_loop = messages
+        .last()
+        .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
+    if mid_loop {
+        push(messages.len(), false, loop_needs(&loop_calls));
     }
-    found.extend(called);
-    found
+    needs
 }
 
 /// The request without tools: `tool_choice` and `parallel_tool_calls` would make it invalid.
@@ -593,6 +768,7 @@ mod tests {
         // These lists are small: the classifier is what these tests look at, and what it
         // leaves out is removed (stubs have tests of their own).
         config.tools.min_tool_tokens = 0;
+        config.tools.min_stub_tokens = 0;
         config.tools.left_out = LeftOut::Remove;
         config.tools.on_no_match = OnNoMatch::DropAll;
         configure(&mut config);
@@ -751,6 +927,7 @@ mod tests {
         .unwrap();
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.min_stub_tokens = 0;
         config.tools.left_out = LeftOut::Remove;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let cx = StageCx {
@@ -780,6 +957,7 @@ mod tests {
     fn a_conversations_tool_block_only_grows() {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
+        config.tools.min_stub_tokens = 0;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();
         let turns = [

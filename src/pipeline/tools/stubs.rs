@@ -19,7 +19,16 @@ use super::catalog::tool_name;
 pub enum ToolForm {
     Full,
     Stub,
+    /// A stub in the block, its full definition in the messages (`inline`).
+    Inline,
     Removed,
+}
+
+impl ToolForm {
+    /// Sent as a stub in the block (defined in the messages or not).
+    pub fn is_stub(self) -> bool {
+        matches!(self, ToolForm::Stub | ToolForm::Inline)
+    }
 }
 
 const STUB_SEED: u64 = 0x7374_7562_746f_6f6c;

@@ -17,7 +17,8 @@ use crate::error::ProxyError;
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
 use crate::metrics::{ChatLabels, ExpansionOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool};
-use crate::pipeline::tools::stubs::{promote, stubbed};
+use crate::pipeline::tools::inline::{reask, undefined_stubs};
+use crate::pipeline::tools::stubs::promote;
 use crate::server::SharedState;
 use crate::server::meter;
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
@@ -62,7 +63,7 @@ impl ExpandCall {
         labels: &ChatLabels,
     ) -> Option<ExpandCall> {
         let client_tools = client.tools.get()?.clone();
-        let stubs = stubbed(request.tools.get()?, &client_tools);
+        let stubs = undefined_stubs(request.tools.get()?, &request.messages, &client_tools);
         if stubs.is_empty() {
             return None;
         }
@@ -80,15 +81,19 @@ impl ExpandCall {
         })
     }
 
-    /// The request with `called` promoted; the last round allowed promotes every stub.
+    /// The request with the definitions of `called` (`inline::reask`); the last round allowed
+    /// sends every tool in full.
     fn promote(&mut self, called: &[String]) -> Result<Bytes, ProxyError> {
         self.rounds += 1;
         let max = self.state.config.pipeline.tools.max_expansions;
-        let names = (self.rounds < max).then_some(called);
+        if self.rounds < max {
+            self.request = reask(&self.request, &self.client_tools, called);
+        } else {
+            let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+            self.request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
+        }
         let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        let promoted = promote(tools, &self.client_tools, names);
-        self.stubs = stubbed(&promoted, &self.client_tools);
-        self.request.tools = Nullable::Value(promoted);
+        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
         let body =
             serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
         Ok(self.as_sent(body))

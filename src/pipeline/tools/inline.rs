@@ -1,0 +1,266 @@
+//! Definitions in the messages: a tool a conversation needs after its tool block was decided
+//! gets its full definition in a system message placed where the need arose, and stays a stub
+//! in the block. The block comes first in the prompt, so growing it re-bills the whole prompt
+//! at the full input price; a message placed in the history re-bills nothing that was sent
+//! before (ARCHITECTURE.md, principles 4 and 9).
+//!
+//! Where a definition goes is a function of the history: before the user message whose words
+//! called for it, before the assistant message that first called it, or, mid tool loop, before
+//! the loop's next step. So the re-ask of an answer that called a stub (which appends the
+//! definition last) and every later request of the conversation place it at the same spot.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::openai::{ChatRequest, Content, Message, Nullable, Role, Tool};
+
+use super::catalog::tool_name;
+
+/// The first line of a definitions message: what tells it apart, and what it tells the model.
+pub const HEADER: &str =
+    "Full definitions of tools that the tools list gives by name only; call them with these parameters:";
+
+/// Definitions placed before the client's message at `at` (`at` = the number of messages: last).
+/// At one spot, the definitions the request there needed come before those its answer called
+/// (which its re-ask appended after them).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placed {
+    pub at: usize,
+    pub answered: bool,
+    pub names: Vec<String>,
+}
+
+/// A tool the provider holds to its schema (`strict`): only a definition in the block keeps
+/// that guarantee, so such a tool is never defined in the messages.
+pub fn is_strict(tool: &Tool) -> bool {
+    tool.function
+        .as_ref()
+        .and_then(|f| f.extra.get("strict"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// The system message defining the named tools, in the client's order, each as the compact JSON
+/// of the client's function object on its own line.
+pub fn message(client_tools: &[Tool], names: &[String]) -> Message {
+    let mut text = String::from(HEADER);
+    for tool in client_tools {
+        let (Some(name), Some(function)) = (tool_name(tool), tool.function.as_ref()) else {
+            continue;
+        };
+        if names.iter().any(|n| n == name) {
+            text.push('\n');
+            text.push_str(&serde_json::to_string(function).unwrap_or_default());
+        }
+    }
+    Message::text(Role::System, text)
+}
+
+/// The definitions messages among `messages`, each with its lines after the header.
+pub fn definition_messages(messages: &[Message]) -> impl Iterator<Item = (&Message, &str)> {
+    messages
+        .iter()
+        .filter(|m| m.role == Role::System)
+        .filter_map(|m| match m.content.get() {
+            Some(Content::Text(text)) => text.strip_prefix(HEADER).map(|rest| (m, rest)),
+            _ => None,
+        })
+}
+
+/// The function objects that definitions messages among `messages` carry.
+pub fn definitions_in(messages: &[Message]) -> Vec<Value> {
+    definition_messages(messages)
+        .flat_map(|(_, rest)| rest.lines().filter_map(|l| serde_json::from_str(l).ok()))
+        .collect()
+}
+
+/// The stubs of a request as sent (`tools`, `messages`) that the model has no definition of:
+/// a call to one of them is asked again.
+pub fn undefined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Vec<String> {
+    let defined = defined_in(messages);
+    super::stubs::stubbed(tools, client)
+        .into_iter()
+        .filter(|name| !defined.contains(name))
+        .collect()
+}
+
+/// `sent` asked again after its answer called the stubs `called`: each called strict tool
+/// back to its full definition in the block, the others defined in a message appended last,
+/// where the conversation's next requests place it too (before the answer that called them).
+pub fn reask(sent: &ChatRequest, client: &[Tool], called: &[String]) -> ChatRequest {
+    let strict = |name: &String| {
+        client
+            .iter()
+            .find(|t| tool_name(t) == Some(name.as_str()))
+            .is_some_and(is_strict)
+    };
+    let (strict, loose): (Vec<String>, Vec<String>) = called.iter().cloned().partition(strict);
+    let mut request = sent.clone();
+    if !strict.is_empty()
+        && let Some(tools) = sent.tools.get()
+    {
+        request.tools = Nullable::Value(super::stubs::promote(tools, client, Some(&strict)));
+    }
+    if !loose.is_empty() {
+        request.messages.push(message(client, &loose));
+    }
+    request
+}
+
+/// The names of the tools that definitions messages among `messages` define.
+pub fn defined_in(messages: &[Message]) -> BTreeSet<String> {
+    definitions_in(messages)
+        .iter()
+        .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
+/// `messages`, a rewrite of `original` that keeps a tail of it verbatim (less the system and
+/// developer messages merged into the first), with each definitions message before the
+/// message of `original` it is placed at. A spot before that tail (summarized) maps to the
+/// tail's start, so nothing defined is lost with its turn.
+pub fn insert(messages: Vec<Message>, original: &[Message], placed: &[(usize, Message)]) -> Vec<Message> {
+    if placed.is_empty() {
+        return messages;
+    }
+    // (index in `messages`, index in `original`) of the verbatim tail, from the end.
+    let mut tail: Vec<(usize, usize)> = Vec::new();
+    let (mut i, mut j) = (messages.len(), original.len());
+    while i > 0 && j > 0 {
+        if messages[i - 1] == original[j - 1] {
+            tail.push((i - 1, j - 1));
+            i -= 1;
+            j -= 1;
+        } else if matches!(original[j - 1].role, Role::System | Role::Developer) {
+            j -= 1;
+        } else {
+            break;
+        }
+    }
+    let position = |at: usize| {
+        tail.iter()
+            .rev()
+            .find(|(_, o)| *o >= at)
+            .map_or(messages.len(), |(m, _)| *m)
+    };
+    let mut positions: Vec<(usize, &Message)> =
+        placed.iter().map(|(at, d)| (position(*at), d)).collect();
+    positions.sort_by_key(|(p, _)| *p);
+    let mut out = Vec::with_capacity(messages.len() + placed.len());
+    let mut next = positions.into_iter().peekable();
+    for (index, message) in messages.iter().enumerate() {
+        while let Some((_, definitions)) = next.next_if(|(p, _)| *p <= index) {
+            out.push(definitions.clone());
+        }
+        out.push(message.clone());
+    }
+    out.extend(next.map(|(_, definitions)| definitions.clone()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tool(name: &str, strict: bool) -> Tool {
+        let mut function = json!({"name": name, "description": format!("Does {name}."),
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}});
+        if strict {
+            function["strict"] = json!(true);
+        }
+        serde_json::from_value(json!({"type": "function", "function": function})).unwrap()
+    }
+
+    fn text(role: Role, text: &str) -> Message {
+        Message::text(role, text)
+    }
+
+    #[test]
+    fn a_definitions_message_lists_the_named_tools_in_the_clients_order_and_parses_back() {
+        let tools = [tool("b", false), tool("a", false), tool("c", false)];
+        let message = message(&tools, &["c".to_owned(), "b".to_owned()]);
+        let Some(Content::Text(text)) = message.content.get() else {
+            panic!("text content")
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], HEADER);
+        assert!(lines[1].starts_with(r#"{"name":"b""#), "{}", lines[1]);
+        assert!(lines[2].starts_with(r#"{"name":"c""#), "{}", lines[2]);
+        assert_eq!(
+            defined_in(&[text_message_user(), message.clone()]),
+            BTreeSet::from(["b".to_owned(), "c".to_owned()])
+        );
+        assert_eq!(definitions_in(&[message])[0]["parameters"]["properties"]["id"]["type"], "string");
+    }
+
+    fn text_message_user() -> Message {
+        // A user quoting the header defines nothing.
+        text(Role::User, &format!("{HEADER}\n{{\"name\":\"x\"}}"))
+    }
+
+    #[test]
+    fn strict_tools_are_told_apart() {
+        assert!(is_strict(&tool("a", true)));
+        assert!(!is_strict(&tool("a", false)));
+    }
+
+    #[test]
+    fn definitions_go_before_their_message_in_the_kept_tail_or_at_its_start() {
+        let original = vec![
+            text(Role::System, "sys"),
+            text(Role::User, "one"),
+            text(Role::Assistant, "a1"),
+            text(Role::User, "two"),
+            text(Role::Assistant, "a2"),
+            text(Role::User, "three"),
+        ];
+        // The window summarized the first turn.
+        let windowed = vec![
+            text(Role::System, "sys + summary"),
+            text(Role::User, "two"),
+            text(Role::Assistant, "a2"),
+            text(Role::User, "three"),
+        ];
+        let d = |n: &str| text(Role::System, n);
+        let placed = vec![(1, d("D1")), (4, d("D4")), (5, d("D5")), (6, d("END"))];
+        let out = insert(windowed, &original, &placed);
+        let texts: Vec<String> = out
+            .iter()
+            .map(|m| m.content.get().map(|c| c.text().into_owned()).unwrap_or_default())
+            .collect();
+        assert_eq!(
+            texts,
+            ["sys + summary", "D1", "two", "D4", "a2", "D5", "three", "END"]
+        );
+    }
+
+    #[test]
+    fn a_developer_message_merged_into_the_system_one_does_not_cut_the_tail() {
+        let original = vec![
+            text(Role::System, "sys"),
+            text(Role::User, "one"),
+            text(Role::Assistant, "a1"),
+            text(Role::Developer, "be brief"),
+            text(Role::User, "two"),
+        ];
+        let merged = vec![
+            text(Role::System, "sys + be brief"),
+            text(Role::User, "one"),
+            text(Role::Assistant, "a1"),
+            text(Role::User, "two"),
+        ];
+        let placed = vec![(2, text(Role::System, "D2"))];
+        let out = insert(merged, &original, &placed);
+        assert_eq!(out[2], text(Role::System, "D2"));
+        assert_eq!(out[3], text(Role::Assistant, "a1"));
+    }
+
+    #[test]
+    fn nothing_placed_leaves_the_messages_as_they_are() {
+        let messages = vec![text(Role::User, "hi")];
+        assert_eq!(insert(messages.clone(), &messages, &[]), messages);
+    }
+}
