@@ -75,6 +75,7 @@ golden!(
     topic_shift,
     budget_ladder,
     agent_proposal_ledger,
+    tools_defined_where_called,
 );
 
 prefix_golden!(
