@@ -187,7 +187,11 @@ async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
 #[tokio::test]
 async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\nmax_expansions = 1\n").await;
+    let proxy = proxy_for(
+        &mock,
+        "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\nmax_expansions = 1\n",
+    )
+    .await;
     let headers = [("X-Mock-Tool-Call", "send_email"), ("X-Mock-Echo", "1")];
     let response = post(&proxy, &request(false), &headers).await;
     assert_eq!(response.status(), 200);
@@ -303,4 +307,61 @@ async fn several_streamed_choices_go_with_every_tool_in_full() {
         [("get_weather".to_owned(), r#"{"city":"mock"}"#.to_owned())]
     );
     assert!(streamed.comments.is_empty());
+}
+
+#[tokio::test]
+async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let headers = [
+        ("X-Mock-Tool-Call", "get_weather"),
+        ("X-Mock-Echo", "1"),
+        ("X-Conversation-Id", "umbrella"),
+    ];
+    let first: Value = post(&proxy, &request(false), &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    // The re-ask: the block as it was (stubs), the definition appended last.
+    let reask = &first["mock_echo"]["body"];
+    let explained = proxy.explain(&request(false), &[]).await;
+    assert_eq!(reask["tools"], explained["request"]["tools"]);
+    let sent = reask["messages"].as_array().unwrap();
+    assert_eq!(sent.len(), 2);
+    assert!(
+        sent[1]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with(inline::HEADER)
+    );
+
+    // The client goes on with the call it got and its result.
+    let call = first["choices"][0]["message"].clone();
+    let call_id = call["tool_calls"][0]["id"].clone();
+    let mut next = request(false);
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": call["tool_calls"]}));
+    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "{\"rain_mm\": 4}"}));
+    let before = chat_count(&mock);
+    let second: Value = post(
+        &proxy,
+        &next,
+        &[("X-Mock-Echo", "1"), ("X-Conversation-Id", "umbrella")],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        chat_count(&mock) - before,
+        1,
+        "the tool is defined: no re-ask"
+    );
+    let body = &second["mock_echo"]["body"];
+    // The same tools, and the re-ask's messages first: the provider's cached prefix holds.
+    assert_eq!(body["tools"], reask["tools"]);
+    let now = body["messages"].as_array().unwrap();
+    assert_eq!(&now[..sent.len()], &sent[..]);
+    assert_eq!(now.len(), sent.len() + 2);
 }

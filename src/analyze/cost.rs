@@ -409,7 +409,12 @@ impl CostReport {
             let changes: Vec<String> = self
                 .ratios
                 .iter()
-                .map(|r| format!("{:+.1}%", change(without.at_ratio(*r), original.at_ratio(*r))))
+                .map(|r| {
+                    format!(
+                        "{:+.1}%",
+                        change(without.at_ratio(*r), original.at_ratio(*r))
+                    )
+                })
                 .collect();
             out.push_str(&format!(
                 "| through ctxproxy, re-asks left out (as cache_cost.py) | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",

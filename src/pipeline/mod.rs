@@ -4,7 +4,8 @@
 //!
 //! No I/O, no clock, no randomness here: the same request and config always give the same
 //! rewrite, so rewrites are golden-tested and stable across replicas and turns. A stage whose
-//! result is not smaller is dropped for that request, so the pipeline never grows a prompt.
+//! result is not smaller is dropped for that request, so the pipeline never grows a prompt;
+//! the one exception is a conversation's tool block (`tools`), kept once decided.
 
 mod budget;
 mod compact;
@@ -176,7 +177,13 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         }
         stages.push(report);
     }
-    if tokens_after >= tokens_before && stages.iter().any(|s| s.applied) {
+    // A conversation's tool block, once decided, is kept even when the definitions placed in
+    // the messages outweigh what its stubs save on one request: sending the original instead
+    // would change the block, and the provider's cached prefix with it, twice.
+    let block_decided = stages
+        .iter()
+        .any(|s| s.stage == StageName::Tools && s.applied);
+    if tokens_after >= tokens_before && stages.iter().any(|s| s.applied) && !block_decided {
         // Structural changes alone never make a prompt larger: send the original.
         best = Cow::Borrowed(request);
         tokens_after = tokens_before;

@@ -18,8 +18,7 @@ use crate::openai::{ChatRequest, Content, Message, Nullable, Role, Tool};
 use super::catalog::tool_name;
 
 /// The first line of a definitions message: what tells it apart, and what it tells the model.
-pub const HEADER: &str =
-    "Full definitions of tools that the tools list gives by name only; call them with these parameters:";
+pub const HEADER: &str = "Full definitions of tools that the tools list gives by name only; call them with these parameters:";
 
 /// Definitions placed before the client's message at `at` (`at` = the number of messages: last).
 /// At one spot, the definitions the request there needed come before those its answer called
@@ -120,7 +119,11 @@ pub fn defined_in(messages: &[Message]) -> BTreeSet<String> {
 /// developer messages merged into the first), with each definitions message before the
 /// message of `original` it is placed at. A spot before that tail (summarized) maps to the
 /// tail's start, so nothing defined is lost with its turn.
-pub fn insert(messages: Vec<Message>, original: &[Message], placed: &[(usize, Message)]) -> Vec<Message> {
+pub fn insert(
+    messages: Vec<Message>,
+    original: &[Message],
+    placed: &[(usize, Message)],
+) -> Vec<Message> {
     if placed.is_empty() {
         return messages;
     }
@@ -193,7 +196,10 @@ mod tests {
             defined_in(&[text_message_user(), message.clone()]),
             BTreeSet::from(["b".to_owned(), "c".to_owned()])
         );
-        assert_eq!(definitions_in(&[message])[0]["parameters"]["properties"]["id"]["type"], "string");
+        assert_eq!(
+            definitions_in(&[message])[0]["parameters"]["properties"]["id"]["type"],
+            "string"
+        );
     }
 
     fn text_message_user() -> Message {
@@ -229,11 +235,25 @@ mod tests {
         let out = insert(windowed, &original, &placed);
         let texts: Vec<String> = out
             .iter()
-            .map(|m| m.content.get().map(|c| c.text().into_owned()).unwrap_or_default())
+            .map(|m| {
+                m.content
+                    .get()
+                    .map(|c| c.text().into_owned())
+                    .unwrap_or_default()
+            })
             .collect();
         assert_eq!(
             texts,
-            ["sys + summary", "D1", "two", "D4", "a2", "D5", "three", "END"]
+            [
+                "sys + summary",
+                "D1",
+                "two",
+                "D4",
+                "a2",
+                "D5",
+                "three",
+                "END"
+            ]
         );
     }
 
