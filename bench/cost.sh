@@ -2,7 +2,9 @@
 # The bill, with the provider's prompt cache, of conversations replayed turn by turn: input
 # tokens, the cached share, the bill at each cached-price ratio and in USD ([prices]), for the
 # original requests and through the pipeline; the definitions are those of
-# ../shared/tools/cache_cost.py (`ctxproxy analyze --cost`, no proxy needed). Judge any change
+# ../shared/tools/cache_cost.py (`ctxproxy analyze --cost`, no proxy needed), plus the re-asks
+# of answers that called a stub without a definition (from the meta file's recorded answers),
+# billed as requests; the row without them is what cache_cost.py gives. Judge any change
 # to what is sent upstream with it, beside bench/fidelity.sh.
 #
 #   bench/cost.sh                       tau2_bench_dev_every_turn.jsonl of ../shared/data

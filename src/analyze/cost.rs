@@ -9,6 +9,10 @@
 //!   conversation, 0 under 1,024, else rounded down to a multiple of 128;
 //! - the bill at cached-price ratio r, in uncached-token equivalents: uncached + r × cached; in
 //!   US dollars with `[prices]` (`input`, `cached_input`).
+//!
+//! Beyond the reference, the re-ask of an answer that called a stub without a definition (the
+//! meta file's `response_tool_names`) is billed as the request it is; the bill without re-asks
+//! is reported beside it.
 
 use std::collections::HashMap;
 use std::io::BufRead;

@@ -1,13 +1,15 @@
-//! `tools`: only the tools the current request can need.
+//! `tools`: full definitions only for the tools a conversation can need, stubs for the rest.
 //!
-//! Each category of the offered tools (see `catalog`) is scored by its keywords in the last
-//! user message and the assistant text it answers, plus, with a lower weight, in the recent
-//! context (the last turns, the first
-//! characters of each message). Selected categories keep their tools. When nothing matches,
-//! the conversation's sticky categories (those of its last tool-using turn, from the store) are
-//! used, else the `on_no_match` policy. Never removed: tools named by `tool_choice`, tools
-//! called in the history that is sent, `tools.always`, single-word utilities (`think`,
-//! `calculate`), and, mid tool-loop, the categories already used in the current turn.
+//! The block is decided on the conversation's first turn and then kept, the same bytes
+//! (ARCHITECTURE.md, principle 4): each category of the offered tools (see `catalog`) is scored
+//! by its keywords in the first turn's user message and the assistant text it answers, plus,
+//! with a lower weight, in the context before it; selected categories go in full. When nothing
+//! matches, the store's sticky categories are used, else the `on_no_match` policy. Always in
+//! full: tools named by `tool_choice`, tools called before the first answer, `tools.always`,
+//! single-word utilities (`think`, `calculate`) and definitions under `min_stub_tokens`.
+//! A tool needed later (called, or of a category a tool loop uses) is defined in the messages
+//! where the need arose (`inline`); a strict one, or any with `left_out = "remove"`, grows the
+//! block instead.
 
 pub(crate) mod catalog;
 pub mod inline;
@@ -940,8 +942,8 @@ mod tests {
         };
         let kept = ToolsStage.apply(&windowed, &cx).tools.unwrap();
         let names: Vec<&str> = kept.iter().filter_map(tool_name).collect();
-        // Email from the answered question; the calendar from the earlier turn, still offered
-        // (the conversation's tool block only grows).
+        // The calendar from the first turn; email from the answered question (with
+        // left_out = "remove", a later turn's words grow the block).
         assert_eq!(
             names,
             [

@@ -180,12 +180,12 @@ impl ChatCall<'_> {
         let answer = match expansion {
             Some(expansion) => {
                 let expanded = guarded::expand(expansion, answer, first).await?;
-                if !expanded.promoted.is_empty()
+                if !expanded.expanded.is_empty()
                     && let Some(saving) = &mut saving
                 {
                     saving.expanded = true;
                 }
-                log.expanded = expanded.promoted;
+                log.expanded = expanded.expanded;
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
                 }

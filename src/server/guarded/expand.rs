@@ -1,5 +1,6 @@
-//! Transparent expansion: when the upstream's answer calls a tool that went as a stub, the
-//! request is asked again with that tool in full, and the client gets only the new answer
+//! Transparent expansion: when the upstream's answer calls a tool that went as a stub without a
+//! definition, the request is asked again with that tool defined (`inline::reask`: in a message
+//! appended last, or in full in the block when strict), and the client gets only the new answer
 //! (JSON) or the new answer's calls spliced into the same stream. The decisions are
 //! `guards::expand`'s; this sends, reads and counts.
 
@@ -44,9 +45,9 @@ pub struct ExpandCall {
 /// The answer the client gets, and what it took.
 pub struct Expanded {
     pub answer: UpstreamResponse,
-    /// The stubs the answers called, promoted to their full definitions (for a stream, known
+    /// The stubs the answers called, asked again with their definitions (for a stream, known
     /// only as it ends: it says them in an SSE comment).
-    pub promoted: Vec<String>,
+    pub expanded: Vec<String>,
     /// The request the final answer answers: what the guards ask again with.
     pub sent: Bytes,
 }
@@ -83,7 +84,7 @@ impl ExpandCall {
 
     /// The request with the definitions of `called` (`inline::reask`); the last round allowed
     /// sends every tool in full.
-    fn promote(&mut self, called: &[String]) -> Result<Bytes, ProxyError> {
+    fn define(&mut self, called: &[String]) -> Result<Bytes, ProxyError> {
         self.rounds += 1;
         let max = self.state.config.pipeline.tools.max_expansions;
         if self.rounds < max {
@@ -121,7 +122,7 @@ impl ExpandCall {
                 .is_some_and(|n| n > 1.0)
     }
 
-    /// The request with every stub promoted.
+    /// The request with every stub expanded.
     pub fn all_full(&self) -> Option<Bytes> {
         let tools = self.request.tools.get()?;
         let mut request = self.request.clone();
@@ -177,7 +178,7 @@ pub async fn expand(
     if !answer.response.status().is_success() {
         return Ok(Expanded {
             answer,
-            promoted: Vec::new(),
+            expanded: Vec::new(),
             sent,
         });
     }
@@ -188,7 +189,7 @@ pub async fn expand(
     if too_large(&answer) {
         return Ok(Expanded {
             answer,
-            promoted: Vec::new(),
+            expanded: Vec::new(),
             sent,
         });
     }
@@ -202,28 +203,28 @@ async fn expand_json(
 ) -> Result<Expanded, ProxyError> {
     let (mut parts, bytes, started) = read_whole(&call.upstream.config, answer).await?;
     let total_timeout = call.upstream.config.total_timeout;
-    let done = |parts, bytes: Bytes, promoted, sent| Expanded {
+    let done = |parts, bytes: Bytes, expanded, sent| Expanded {
         answer: UpstreamResponse {
             response: Response::from_parts(parts, Body::from(bytes)),
             started,
             deadline: tokio::time::Instant::now() + total_timeout,
         },
-        promoted,
+        expanded,
         sent,
     };
     let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else {
         return Ok(done(parts, bytes, Vec::new(), sent));
     };
     let mut earlier = Vec::new();
-    let mut promoted: Vec<String> = Vec::new();
+    let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
     loop {
         let called = called_stubs(&answer, &call.stubs);
         if called.is_empty() {
             break;
         }
-        sent = call.promote(&called)?;
-        promoted.extend(called);
+        sent = call.define(&called)?;
+        expanded.extend(called);
         let next = match call.ask(sent.clone()).await {
             Ok(next) => next,
             Err(e) => {
@@ -236,7 +237,7 @@ async fn expand_json(
             call.count(ExpansionOutcome::Error, expanding);
             return Ok(Expanded {
                 answer: next,
-                promoted,
+                expanded,
                 sent,
             });
         }
@@ -249,19 +250,19 @@ async fn expand_json(
         };
         let Ok(next_answer) = serde_json::from_slice::<Value>(&next_bytes) else {
             call.count(ExpansionOutcome::Error, expanding);
-            return Ok(done(next_parts, next_bytes, promoted, sent));
+            return Ok(done(next_parts, next_bytes, expanded, sent));
         };
         parts = next_parts;
         earlier.push(std::mem::replace(&mut answer, next_answer));
     }
     if earlier.is_empty() {
-        return Ok(done(parts, bytes, promoted, sent));
+        return Ok(done(parts, bytes, expanded, sent));
     }
     call.count(call.outcome(), expanding);
     let merged = with_usage_of(answer, &earlier);
     let body = serde_json::to_vec(&merged).map_err(|e| ProxyError::Internal(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
-    Ok(done(parts, Bytes::from(body), promoted, sent))
+    Ok(done(parts, Bytes::from(body), expanded, sent))
 }
 
 /// A streamed answer through the pure [`ExpandStream`], in a task: text goes out as it comes,
@@ -282,7 +283,7 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
             started,
             deadline,
         },
-        promoted: Vec::new(),
+        expanded: Vec::new(),
         sent,
     }
 }
@@ -291,7 +292,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
     let max_event = call.upstream.config.max_event_bytes;
     let mut rewriter = ExpandStream::new(call.stubs.clone(), max_event);
     let mut body = first;
-    let mut promoted: Vec<String> = Vec::new();
+    let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
     loop {
         let pumped = pump(
@@ -306,9 +307,9 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
         };
         match end {
             PartEnd::Done(last) => {
-                if !promoted.is_empty() {
+                if !expanded.is_empty() {
                     call.count(call.outcome(), expanding);
-                    let comment = format!("{EXPANDED_COMMENT}{}\n\n", promoted.join(","));
+                    let comment = format!("{EXPANDED_COMMENT}{}\n\n", expanded.join(","));
                     if !forward(events, Bytes::from(comment)).await {
                         return;
                     }
@@ -317,7 +318,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                 return;
             }
             PartEnd::ReAsk(called) => {
-                let next = match call.promote(&called) {
+                let next = match call.define(&called) {
                     // A client that left is not asked for again.
                     Ok(request) => tokio::select! {
                         next = call.ask(request) => next.ok(),
@@ -325,7 +326,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                     },
                     Err(_) => None,
                 };
-                promoted.extend(called);
+                expanded.extend(called);
                 match next {
                     Some(next)
                         if next.response.status().is_success()
