@@ -37,7 +37,8 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
     json!({"report": rewrite.report, "request": rewrite.request})
 }
 
-/// Every request rewritten whole, and every tool block filtered (the fixtures' are small).
+/// Every request rewritten whole, and every tool block filtered (the fixtures' are small), with
+/// one keyword enough to select a category (the fixtures' user messages are short).
 fn whole() -> PipelineConfig {
     let mut config = PipelineConfig {
         clear_at_least_tokens: 0,
@@ -45,6 +46,7 @@ fn whole() -> PipelineConfig {
     };
     config.tools.min_tool_tokens = 0;
     config.tools.min_stub_tokens = 0;
+    config.tools.min_score = 1.0;
     config
 }
 

@@ -129,7 +129,7 @@ impl Default for ToolsConfig {
             context_turns: 3,
             context_chars: 150,
             context_weight: 0.3,
-            min_score: 1.0,
+            min_score: 2.0,
             derived_max_tools: 8,
             sticky_ttl_secs: 3600,
         }

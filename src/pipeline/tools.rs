@@ -328,7 +328,7 @@ fn plan(
     full.extend(
         tools
             .iter()
-            .filter(|t| cx.counter.tools(std::slice::from_ref(t)) < config.min_stub_tokens)
+            .filter(|t| cx.counter.tool(t) < config.min_stub_tokens)
             .filter_map(tool_name)
             .map(str::to_owned),
     );
@@ -771,6 +771,7 @@ mod tests {
         // leaves out is removed (stubs have tests of their own).
         config.tools.min_tool_tokens = 0;
         config.tools.min_stub_tokens = 0;
+        config.tools.min_score = 1.0;
         config.tools.left_out = LeftOut::Remove;
         config.tools.on_no_match = OnNoMatch::DropAll;
         configure(&mut config);
@@ -930,6 +931,7 @@ mod tests {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
         config.tools.min_stub_tokens = 0;
+        config.tools.min_score = 1.0;
         config.tools.left_out = LeftOut::Remove;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let cx = StageCx {
@@ -960,6 +962,7 @@ mod tests {
         let mut config = PipelineConfig::default();
         config.tools.min_tool_tokens = 0;
         config.tools.min_stub_tokens = 0;
+        config.tools.min_score = 1.0;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();
         let turns = [
