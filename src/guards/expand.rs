@@ -193,6 +193,19 @@ impl ExpandStream {
         if self.add_usage(&chunk, &raw) {
             return;
         }
+        // Usage on a chunk with choices (some providers end so): summed like a usage chunk;
+        // a re-asked part's goes out once, summed, at the part's end.
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(match &self.usage {
+                Some(sum) => sum_usage(sum, usage),
+                None => usage.clone(),
+            });
+            if self.part > 0
+                && let Some(object) = chunk.as_object_mut()
+            {
+                object.remove("usage");
+            }
+        }
         // The head comes from a chunk with a choice (a provider may open with an empty one).
         let has_choice = chunk["choices"].as_array().is_some_and(|c| !c.is_empty());
         if self.head.is_none() && has_choice {
@@ -537,6 +550,37 @@ mod tests {
         ]
         .concat();
         assert_eq!(text_of(&out), expected);
+    }
+
+    #[test]
+    fn usage_on_a_chunk_with_choices_is_summed_too() {
+        let with_usage = |id: &str, prompt: u64, completion: u64| {
+            let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1,
+                "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                    "total_tokens": prompt + completion}});
+            format!("data: {chunk}\n\n")
+        };
+        let first = [
+            chunk("a", call("stubbed", "{}"), None),
+            with_usage("a", 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let second = [
+            chunk("b", call("stubbed", "{\"id\":\"7\"}"), None),
+            with_usage("b", 9, 4),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let out = text_of(&first_then_re_asked(&first, &second));
+        // One usage, summed, and it comes last.
+        assert_eq!(out.matches("\"usage\"").count(), 1, "{out}");
+        assert!(
+            out.contains(r#""usage":{"prompt_tokens":14,"completion_tokens":7,"total_tokens":21}"#),
+            "{out}"
+        );
+        assert!(out.contains("\"finish_reason\":\"tool_calls\""), "{out}");
     }
 
     #[test]
