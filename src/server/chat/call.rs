@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::call_log::{CallLog, TokenCounts};
 use crate::bill::{Prompt, cached_of};
-use crate::conversation::conversation_id;
+use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::BudgetOutcome;
 use crate::openai::ChatRequest;
@@ -234,9 +234,10 @@ impl<'a> ChatCall<'a> {
             .then(|| budget_of(&self.parts.headers, budget.max_tokens).unwrap_or(budget.max_tokens))
     }
 
-    /// The conversation's sticky categories: those stored after its last tool-using turn, plus
-    /// those of the previous turn in the history the client sent (so a store outage loses
-    /// nothing for clients that send their whole history).
+    /// The conversation's sticky categories: those stored after its last tool-using turn (of a
+    /// conversation the client names with `X-Conversation-Id`), plus those of the previous turn
+    /// in the history the client sent (so a store outage loses nothing for clients that send
+    /// their whole history).
     async fn sticky_categories(&self) -> Vec<String> {
         let Some(conversation) = self
             .conversation
@@ -246,7 +247,14 @@ impl<'a> ChatCall<'a> {
             return Vec::new();
         };
         let state = self.state;
-        let mut categories = sticky::load(state, conversation).await;
+        // Only a conversation the client names has a past of its own: one named by its first
+        // messages is shared by every session that starts the same way, and a retry of a first
+        // request must be sent as the first attempt was.
+        let mut categories = if client_conversation_id(&self.parts.headers).is_some() {
+            sticky::load(state, conversation).await
+        } else {
+            Vec::new()
+        };
         categories.extend(tools::previous_turn_categories(
             &self.chat,
             &state.config.pipeline,
