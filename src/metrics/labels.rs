@@ -60,11 +60,12 @@ label_set! {
 
 label_set! {
     /// Tool definitions as the client offered them, and as they went upstream: in full, or as
-    /// stubs.
+    /// stubs; of the stubs, those defined in the messages.
     ToolPhase {
         Offered => "offered",
         Sent => "sent",
         Stub => "stub",
+        Defined => "defined",
     }
 }
 

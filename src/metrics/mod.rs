@@ -222,7 +222,7 @@ impl Metrics {
             )?,
             tools: r.counters(
                 "ctxproxy_tools_total",
-                "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream: in full (phase=sent) or as stubs (phase=stub).",
+                "Tool definitions of optimized chat requests as offered by the client (phase=offered) and as sent upstream: in full (phase=sent) or as stubs (phase=stub); of the stubs, those whose full definitions are in the messages (phase=defined).",
                 &["phase"],
             )?,
             tool_filter_decisions: r.counters(

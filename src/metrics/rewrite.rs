@@ -53,15 +53,16 @@ impl Metrics {
         {
             if let Some(sent) = tools.sent {
                 // The tools stage's choice stands unless the whole rewrite was dropped.
-                let (sent, stubs) = if changed {
-                    (sent, tools.stubs.unwrap_or(0))
+                let (sent, stubs, defined) = if changed {
+                    (sent, tools.stubs.unwrap_or(0), tools.inline.unwrap_or(0))
                 } else {
-                    (tools.offered, 0)
+                    (tools.offered, 0, 0)
                 };
                 for (phase, n) in [
                     (ToolPhase::Offered, tools.offered),
                     (ToolPhase::Sent, sent),
                     (ToolPhase::Stub, stubs),
+                    (ToolPhase::Defined, defined),
                 ] {
                     self.tools
                         .with_label_values(&[phase.as_str()])
