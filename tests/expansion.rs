@@ -364,4 +364,9 @@ async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
     let now = body["messages"].as_array().unwrap();
     assert_eq!(&now[..sent.len()], &sent[..]);
     assert_eq!(now.len(), sent.len() + 2);
+    // The second request sent get_weather as a stub defined in the messages.
+    let defined = proxy
+        .metric("ctxproxy_tools_total", &[("phase", "defined")])
+        .await;
+    assert_eq!(defined, 1.0);
 }

@@ -466,6 +466,8 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
     let (mut before, mut after, mut compacted) = (0, 0, 0);
     // Tools needed since are defined where the need arose, as the whole rewrite would.
     let definitions = tools::definitions_from(request, from, env.config, counter, env.memo);
+    let defined: Vec<Message> = definitions.iter().map(|(_, m)| m.clone()).collect();
+    let defined = super::tools::inline::defined_in(&defined);
     let mut definitions = definitions.into_iter().peekable();
     for (index, message) in request.messages.iter().enumerate().skip(from) {
         while let Some((_, defined)) = definitions.next_if(|(at, _)| *at <= index) {
@@ -495,6 +497,11 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
         .map(|mut stage| {
             stage.tokens_before += before;
             stage.tokens_after += before;
+            if let StageDetails::Tools(tools) = &mut stage.details
+                && !defined.is_empty()
+            {
+                tools.define(&defined);
+            }
             stage
         })
         .collect();

@@ -185,6 +185,24 @@ impl ToolsDetails {
         }
     }
 
+    /// Marks the named stubs as defined in the messages (what an appended request placed).
+    pub fn define(&mut self, names: &std::collections::BTreeSet<String>) {
+        let Some(classified) = self.classifier.as_mut() else {
+            return;
+        };
+        for (name, form) in classified.forms.iter_mut() {
+            if *form == ToolForm::Stub && names.contains(name) {
+                *form = ToolForm::Inline;
+            }
+        }
+        let inline = classified
+            .forms
+            .values()
+            .filter(|f| **f == ToolForm::Inline)
+            .count();
+        self.inline = (inline > 0).then_some(inline);
+    }
+
     /// Every one of `offered` tools sent, for `reason`.
     pub fn all_sent(offered: usize, reason: Reason) -> ToolsDetails {
         ToolsDetails {
