@@ -370,3 +370,76 @@ async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
         .await;
     assert_eq!(defined, 1.0);
 }
+
+#[tokio::test]
+async fn a_strict_stub_goes_in_full_and_the_next_turn_extends_the_re_ask() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let mut tools = tools();
+    tools[2]["function"]["strict"] = json!(true);
+    // A long conversation sent appended to its first rewrite (no recompaction pays): a rebuild
+    // would summarize its earlier turns.
+    let mut messages = vec![json!({"role": "system", "content": "You are an assistant."})];
+    for turn in 0..10 {
+        messages.push(json!({"role": "user", "content": format!("Tell me fact number {turn} about lighthouses, at length.")}));
+        messages.push(json!({"role": "assistant", "content": format!("Fact {turn}: {}", "Lighthouses guide ships along dangerous coasts. ".repeat(2))}));
+    }
+    messages
+        .push(json!({"role": "user", "content": "Put lunch on my schedule for Friday at noon."}));
+    let body = json!({"model": "gpt-4o", "messages": messages, "tools": tools});
+    let headers = [
+        ("X-Mock-Tool-Call", "create_event"),
+        ("X-Mock-Echo", "1"),
+        ("X-Conversation-Id", "lunch"),
+    ];
+    let first: Value = post(&proxy, &body, &headers).await.json().await.unwrap();
+    let reask = first["mock_echo"]["body"].clone();
+    // Promoted in place in the block (strict), nothing appended to the messages.
+    assert_eq!(reask["tools"][2], tools[2]);
+    let sent = reask["messages"].as_array().unwrap().clone();
+    assert!(
+        !sent.last().unwrap()["content"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with(inline::HEADER)
+    );
+
+    let call = first["choices"][0]["message"].clone();
+    let mut next = body.clone();
+    let history = next["messages"].as_array_mut().unwrap();
+    history.push(json!({"role": "assistant", "content": null, "tool_calls": call["tool_calls"]}));
+    history.push(json!({"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "{\"id\": \"E-1\"}"}));
+    let second: Value = post(
+        &proxy,
+        &next,
+        &[("X-Mock-Echo", "1"), ("X-Conversation-Id", "lunch")],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let now = &second["mock_echo"]["body"];
+    assert_eq!(now["tools"], reask["tools"]);
+    let now = now["messages"].as_array().unwrap();
+    assert_eq!(
+        &now[..sent.len()],
+        &sent[..],
+        "the re-ask's messages come first"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_choice_naming_a_stub_defines_it_last_and_keeps_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let mut body = request(false);
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "send_email"}});
+    let explained = proxy.explain(&body, &[]).await;
+    let plain = proxy.explain(&request(false), &[]).await;
+    // The block is the conversation's, whatever this request's tool_choice says.
+    assert_eq!(explained["request"]["tools"], plain["request"]["tools"]);
+    let messages = explained["request"]["messages"].as_array().unwrap();
+    let last = messages.last().unwrap()["content"].as_str().unwrap();
+    assert!(last.starts_with(inline::HEADER), "{last}");
+    assert!(last.contains("\"name\":\"send_email\""), "{last}");
+}

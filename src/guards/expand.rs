@@ -11,7 +11,7 @@ use super::continuation::sum_usage;
 use super::stream::Relay;
 use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
 
-/// The SSE comment that ends an expanded stream, before the names of the promoted tools (headers
+/// The SSE comment that ends an expanded stream, before the names of the tools defined (headers
 /// are gone by then).
 pub const EXPANDED_COMMENT: &str = ": x-ctxproxy-tools-expanded: ";
 
@@ -63,7 +63,7 @@ pub fn with_usage_of(mut last: Value, earlier: &[Value]) -> Value {
 /// How a part of a streamed answer ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PartEnd {
-    /// The answer called these stubs: ask again with them promoted, then call
+    /// The answer called these stubs: ask again with them defined, then call
     /// [`ExpandStream::re_asked`]. Nothing of the part's tool calls was relayed.
     ReAsk(Vec<String>),
     /// The answer is over: the held tool calls, the usage of every part and `[DONE]`.

@@ -306,7 +306,7 @@ impl Metrics {
             )?,
             tool_expansions: r.counters(
                 "ctxproxy_tool_expansions_total",
-                "Answers that called a tool sent as a stub, asked again with it in full, by outcome: expanded (the called tools in full were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), error (a re-ask failed; the client got the upstream's error).",
+                "Answers that called a tool sent as a stub without its definition, asked again with it defined, by outcome: expanded (the called tools defined were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), error (a re-ask failed; the client got the upstream's error).",
                 &["model", "tenant", "outcome"],
             )?,
             tool_expansion_duration: r.histogram(

@@ -88,6 +88,9 @@ struct Point {
 struct Whole {
     tokens: usize,
     tools: u64,
+    /// The names of the tools, in order: the same names with other definitions are a tool
+    /// promoted in place (a strict tool the conversation needed), not another block.
+    tool_names: u64,
     reminder: bool,
     fits: bool,
 }
@@ -97,7 +100,7 @@ const MAX_REPLAY: usize = 256;
 
 /// Seeds of the memo keys and digests of this module; bump `VERSION` when the decision rule
 /// changes, so that remembered states of an older rule are not resumed from.
-const VERSION: u64 = 2;
+const VERSION: u64 = 3;
 const SETTINGS_SEED: u64 = 0x7072_6566_6978_0001;
 const STATE_SEED: u64 = 0x7072_6566_6978_0002;
 const WHOLE_SEED: u64 = 0x7072_6566_6978_0003;
@@ -198,6 +201,18 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     } else {
         let anchored = rewrite_at(request, &points, anchor, env);
         let mut rewrite = appended(&anchored, request, points[anchor].len, env);
+        if let Some(whole) = whole
+            .get()
+            .filter(|w| w.request.tools != anchored.request.tools)
+        {
+            let tokens = |r: &ChatRequest| {
+                env.counter
+                    .tools(r.tools.get().map_or(&[][..], Vec::as_slice))
+            };
+            let grown = tokens(&whole.request).saturating_sub(tokens(&rewrite.request));
+            rewrite.request.tools = whole.request.tools.clone();
+            rewrite.report.tokens_after += grown;
+        }
         rewrite.report.prefix = Some(PrefixReport {
             anchor_messages: points[anchor].len,
             appended_messages: points[current].len - points[anchor].len,
@@ -273,7 +288,9 @@ impl Decide<'_> {
             }
         }
         let whole = whole_k();
-        if whole.tools != anchored.tools {
+        // A tool promoted in place (the re-ask of a strict stub did it already) is appended
+        // to, with the whole rewrite's tools; another block is rebuilt.
+        if whole.tool_names != anchored.tool_names {
             return Some(Rebuilt::ToolsChanged);
         }
         if whole.reminder && !anchored.reminder {
@@ -438,6 +455,7 @@ fn summary(rewrite: &Rewrite) -> Whole {
     Whole {
         tokens: rewrite.report.tokens_after,
         tools: FixedState::with_seed(WHOLE_SEED).hash_one(tools),
+        tool_names: FixedState::with_seed(WHOLE_SEED).hash_one(rewrite.request.tool_names()),
         reminder: rewrite
             .report
             .stages

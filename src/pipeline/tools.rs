@@ -319,7 +319,7 @@ fn plan(
     } else {
         &[]
     };
-    let block = first_turn_block(catalog, tools, request, &original[..first], sticky, config);
+    let block = first_turn_block(catalog, tools, &original[..first], sticky, config);
     let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
     // `drop_all` sends the protected tools only: nothing left out goes as a stub.
     let stubs = config.left_out == LeftOut::Stub && !block.dropped;
@@ -335,7 +335,17 @@ fn plan(
     let mut defined = full.clone();
     let mut placed = Vec::new();
     let words = (!stubs).then_some(config);
-    for need in later_needs(catalog, original, first, words) {
+    let mut needs = later_needs(catalog, original, first, words);
+    // A tool `tool_choice` names is called now: defined last, where the next request places
+    // what this answer called.
+    if let Some(chosen) = chosen_tool(request) {
+        needs.push(Placed {
+            at: original.len(),
+            answered: true,
+            names: vec![chosen],
+        });
+    }
+    for need in needs {
         let (strict, loose): (Vec<String>, Vec<String>) = need
             .names
             .into_iter()
@@ -424,7 +434,6 @@ struct Block {
 fn first_turn_block(
     catalog: &Catalog,
     tools: &[Tool],
-    request: &ChatRequest,
     messages: &[Message],
     sticky: &[String],
     config: &super::config::ToolsConfig,
@@ -432,9 +441,6 @@ fn first_turn_block(
     let scores = turn_scores(catalog, messages, config);
     let matched: Vec<String> = matched_of(&scores, config);
     let mut protected: Vec<String> = Vec::new();
-    if let Some(chosen) = chosen_tool(request) {
-        protected.push(chosen);
-    }
     for message in messages {
         protected.extend(message.tool_calls().iter().map(|c| c.function.name.clone()));
     }
@@ -501,7 +507,9 @@ fn first_turn_block(
 /// The length of a conversation's first request as its history shows: the messages before
 /// the first assistant message that answers a user (all of them when there is none).
 fn first_point(messages: &[Message]) -> usize {
-    let mut seen_user = false;
+    // A conversation without a user message (a task in the system message) starts at its
+    // first answer.
+    let mut seen_user = !messages.iter().any(|m| m.role == Role::User);
     for (index, message) in messages.iter().enumerate() {
         if seen_user && message.role == Role::Assistant {
             return index;
@@ -596,11 +604,7 @@ fn later_needs(
     first: usize,
     words: Option<&super::config::ToolsConfig>,
 ) -> Vec<Placed> {
-    let loop_needs = |calls: &[String]| -> Vec<String> {
-        let categories: BTreeSet<&str> = calls
-            .iter()
-            .flat_map(|c| catalog.categories_of(c))
-            .collect();
+    let loop_needs = |categories: &BTreeSet<&str>| -> Vec<String> {
         let names: BTreeSet<String> = catalog
             .categories
             .iter()
@@ -619,11 +623,12 @@ fn later_needs(
             });
         }
     };
-    let mut loop_calls: Vec<String> = Vec::new();
+    // The categories of the tools called since the last user message.
+    let mut loop_categories: BTreeSet<&str> = BTreeSet::new();
     for (index, message) in messages.iter().enumerate() {
         match message.role {
             Role::User => {
-                loop_calls.clear();
+                loop_categories.clear();
                 if let Some(config) = words.filter(|_| index >= first) {
                     let scores = turn_scores(catalog, &messages[..=index], config);
                     let matched = matched_of(&scores, config);
@@ -648,11 +653,13 @@ fn later_needs(
                         .and_then(|i| messages.get(i))
                         .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
                     if after_tool {
-                        push(index, false, loop_needs(&loop_calls));
+                        push(index, false, loop_needs(&loop_categories));
                     }
                     push(index, true, called.iter().cloned().collect());
                 }
-                loop_calls.extend(called);
+                for call in message.tool_calls() {
+                    loop_categories.extend(catalog.categories_of(&call.function.name));
+                }
             }
             _ => {}
         }
@@ -661,7 +668,7 @@ fn later_needs(
         .last()
         .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
     if mid_loop {
-        push(messages.len(), false, loop_needs(&loop_calls));
+        push(messages.len(), false, loop_needs(&loop_categories));
     }
     needs
 }

@@ -37,6 +37,8 @@ pub struct ExpandCall {
     stubs: Vec<String>,
     /// Re-asks so far.
     rounds: u32,
+    /// The last re-ask allowed sent every tool in full.
+    all_full: bool,
     /// The stream's usage was asked for on the client's behalf.
     stream_usage: bool,
     labels: ChatLabels,
@@ -77,6 +79,7 @@ impl ExpandCall {
             client_tools,
             stubs,
             rounds: 0,
+            all_full: false,
             stream_usage,
             labels: labels.clone(),
         })
@@ -92,6 +95,7 @@ impl ExpandCall {
         } else {
             let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
             self.request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
+            self.all_full = true;
         }
         let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
         self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
@@ -160,7 +164,7 @@ impl ExpandCall {
 
     /// How the expansion ended: every tool went in full, or the called ones were enough.
     fn outcome(&self) -> ExpansionOutcome {
-        if self.stubs.is_empty() {
+        if self.all_full {
             ExpansionOutcome::AllFull
         } else {
             ExpansionOutcome::Expanded
