@@ -163,7 +163,14 @@ async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
         let before = chat_count(&mock);
         let response = post(&proxy, &request(true), &headers).await;
         assert_eq!(response.status(), 200);
-        let streamed = read_stream(&response.text().await.unwrap());
+        let body = response.text().await.unwrap();
+        // The comment comes after the calls and the usage, just before `[DONE]`.
+        assert!(
+            body.trim_end()
+                .ends_with("\n: x-ctxproxy-tools-expanded: get_weather\n\ndata: [DONE]"),
+            "{body}"
+        );
+        let streamed = read_stream(&body);
         assert_eq!(chat_count(&mock) - before, 2, "one re-ask");
         assert_eq!(
             streamed.calls,

@@ -310,13 +310,16 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             return;
         };
         match end {
-            PartEnd::Done(last) => {
+            PartEnd::Done(mut last) => {
                 if !expanded.is_empty() {
                     call.count(call.outcome(), expanding);
+                    // After the calls and the usage, just before `[DONE]`.
                     let comment = format!("{EXPANDED_COMMENT}{}\n\n", expanded.join(","));
-                    if !forward(events, Bytes::from(comment)).await {
-                        return;
-                    }
+                    let at = last
+                        .iter()
+                        .rposition(|e| e.as_ref() == b"data: [DONE]\n\n")
+                        .unwrap_or(last.len());
+                    last.insert(at, Bytes::from(comment));
                 }
                 forward_all(events, last).await;
                 return;
