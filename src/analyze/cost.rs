@@ -358,6 +358,25 @@ impl CostReport {
         )
     }
 
+    /// A table row of `bill`, as changes against the original requests.
+    fn bill_row(&self, name: &str, bill: &Bill) -> String {
+        let original = &self.original;
+        let changes: Vec<String> = self
+            .ratios
+            .iter()
+            .map(|r| format!("{:+.1}%", change(bill.at_ratio(*r), original.at_ratio(*r))))
+            .collect();
+        format!(
+            "| {name} | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",
+            thousands(bill.input_tokens as f64),
+            change(bill.input_tokens as f64, original.input_tokens as f64),
+            bill.cached_share(),
+            changes.join(" | "),
+            bill.usd,
+            change(bill.usd, original.usd)
+        )
+    }
+
     pub fn render(&self) -> String {
         let mut out = format!(
             "{} requests, {} conversations\n",
@@ -393,41 +412,11 @@ impl CostReport {
             bills.join(" | "),
             original.usd
         ));
-        let rewritten = &self.rewritten;
-        let changes: Vec<String> = self
-            .ratios
-            .iter()
-            .map(|r| format!("{:+.1}%", self.bill_change(*r)))
-            .collect();
-        out.push_str(&format!(
-            "| through ctxproxy | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",
-            thousands(rewritten.input_tokens as f64),
-            change(rewritten.input_tokens as f64, original.input_tokens as f64),
-            rewritten.cached_share(),
-            changes.join(" | "),
-            rewritten.usd,
-            change(rewritten.usd, original.usd)
-        ));
+        out.push_str(&self.bill_row("through ctxproxy", &self.rewritten));
         if self.reasks > 0 {
-            let without = &self.rewritten_without_reasks;
-            let changes: Vec<String> = self
-                .ratios
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{:+.1}%",
-                        change(without.at_ratio(*r), original.at_ratio(*r))
-                    )
-                })
-                .collect();
-            out.push_str(&format!(
-                "| through ctxproxy, re-asks left out (as cache_cost.py) | {} ({:+.1}%) | {:.1}% | {} | {:.4} ({:+.1}%) |\n",
-                thousands(without.input_tokens as f64),
-                change(without.input_tokens as f64, original.input_tokens as f64),
-                without.cached_share(),
-                changes.join(" | "),
-                without.usd,
-                change(without.usd, original.usd)
+            out.push_str(&self.bill_row(
+                "through ctxproxy, re-asks left out (as cache_cost.py)",
+                &self.rewritten_without_reasks,
             ));
             out.push_str(&format!(
                 "re-asks billed through ctxproxy: {} (recorded answers that called a tool sent as a stub without its definition)\n",
@@ -437,7 +426,7 @@ impl CostReport {
         let follow_ups = self.requests.saturating_sub(self.conversations);
         out.push_str(&format!(
             "prefix broken (common prefix < 90% of the previous request): original {} of {follow_ups}, through ctxproxy {} of {follow_ups}\n",
-            original.prefix_broken, rewritten.prefix_broken
+            original.prefix_broken, self.rewritten.prefix_broken
         ));
         if !self.prefix_changed_by.is_empty() {
             let by: Vec<String> = self
