@@ -565,4 +565,40 @@ mod tests {
         let expected = (uncached * 2.0 + cached as f64) / 1e6;
         assert!((ledger.bill.usd - expected).abs() < 1e-12);
     }
+
+    #[test]
+    fn an_answer_that_calls_an_undefined_stub_bills_its_re_ask() {
+        let tool = |name: &str| {
+            json!({"type": "function", "function": {"name": name,
+                "description": format!("Does {name}. {}", "It takes care. ".repeat(40)),
+                "parameters": {"type": "object", "properties": {"id": {"type": "string",
+                    "description": "The id. ".repeat(30)}}}}})
+        };
+        let tools = json!([tool("calendar_add"), tool("mail_send"), tool("docs_find")]);
+        let body = json!({"model": "gpt-4o", "tools": tools,
+            "messages": [{"role": "user", "content": "Hello there"}]});
+        let line = format!("{body}\n");
+        let meta = "{\"conversation\": \"c\", \"response_tool_names\": [\"mail_send\"]}\n";
+        let config = Config::from_toml(
+            "[store]\nbackend = \"memory\"\n[tools]\nmin_tool_tokens = 0\n",
+            Vec::<(String, String)>::new(),
+        )
+        .unwrap();
+        let report = cost(
+            line.as_bytes(),
+            Some(Box::new(std::io::Cursor::new(meta.as_bytes().to_vec()))),
+            &config,
+            &Tokenizers::default(),
+            &[1.0],
+        )
+        .unwrap();
+        assert_eq!(report.reasks, 1);
+        // The re-ask is the stubbed request again with the definition appended.
+        let without = &report.rewritten_without_reasks;
+        assert!(
+            report.rewritten.input_tokens > 2 * without.input_tokens,
+            "{report:?}"
+        );
+        assert!(report.rewritten.cached_tokens >= 1024 || without.input_tokens < 1024);
+    }
 }
