@@ -106,17 +106,25 @@ fn conversation() -> impl Strategy<Value = ChatRequest> {
             if t == 1 && second_system {
                 messages.push(json!({"role": "developer", "content": "Answer briefly."}));
             }
-            if !spec.tool_results.is_empty() {
-                let ids: Vec<String> = spec.tool_results.iter().map(|_| { call += 1; format!("call_{call}") }).collect();
+            // A tool_choice naming a function is what the model answers every turn with: a call
+            // to it, never text.
+            let forced = vec!["ok".to_owned()];
+            let results = match choice {
+                Some(_) if spec.tool_results.is_empty() => &forced,
+                _ => &spec.tool_results,
+            };
+            if !results.is_empty() {
+                let ids: Vec<String> = results.iter().map(|_| { call += 1; format!("call_{call}") }).collect();
+                let called = TOOLS[choice.unwrap_or(spec.tool)].0;
                 let calls: Vec<Value> = ids.iter().map(|id| json!({"id": id, "type": "function",
-                    "function": {"name": TOOLS[spec.tool].0, "arguments": "{\"q\":\"x\"}"}})).collect();
+                    "function": {"name": called, "arguments": "{\"q\":\"x\"}"}})).collect();
                 messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
-                for (id, result) in ids.iter().zip(&spec.tool_results) {
+                for (id, result) in ids.iter().zip(results) {
                     messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
                 }
             }
             // The last turn has no answer yet: it ends with the user or mid tool-loop.
-            if let Some(answer) = spec.answer.as_ref().filter(|_| t != last) {
+            if let Some(answer) = spec.answer.as_ref().filter(|_| t != last && choice.is_none()) {
                 messages.push(json!({"role": "assistant", "content": answer}));
             }
         }
