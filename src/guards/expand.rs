@@ -196,10 +196,7 @@ impl ExpandStream {
         // Usage on a chunk with choices (some providers end so): summed like a usage chunk;
         // a re-asked part's goes out once, summed, at the part's end.
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(match &self.usage {
-                Some(sum) => sum_usage(sum, usage),
-                None => usage.clone(),
-            });
+            self.sum_usage(usage);
             if self.part > 0
                 && let Some(object) = chunk.as_object_mut()
             {
@@ -289,12 +286,17 @@ impl ExpandStream {
         let Some(usage) = chunk.get("usage").filter(|u| no_choices && u.is_object()) else {
             return false;
         };
+        self.sum_usage(usage);
+        self.usage_event = Some(raw.clone());
+        true
+    }
+
+    /// Adds `usage` to the usage of every part.
+    fn sum_usage(&mut self, usage: &Value) {
         self.usage = Some(match &self.usage {
             Some(sum) => sum_usage(sum, usage),
             None => usage.clone(),
         });
-        self.usage_event = Some(raw.clone());
-        true
     }
 }
 
