@@ -1,7 +1,7 @@
 //! `budget`: holds a request to its token budget (default 4,000).
 //! When the other stages leave it too large, they run again with tighter settings, one step at
 //! a time, least information per token first, until it fits: fewer summary segments, a smaller
-//! window (4 turns, then the working set alone), all but the last tool result cleared, harder
+//! window (`min_turns`, then the working set alone), all but the last tool result cleared, harder
 //! compaction, shorter tool-parameter descriptions, and last no summary lines at all.
 //!
 //! No step touches the floor (ARCHITECTURE.md, principle 8): the system message, the tools kept, the

@@ -210,9 +210,9 @@ impl Default for WindowConfig {
     fn default() -> Self {
         WindowConfig {
             enabled: true,
-            turns: 6,
-            min_turns: 4,
-            max_turns: 8,
+            turns: 3,
+            min_turns: 2,
+            max_turns: 4,
             segment_turns: 3,
             max_segments: 4,
             segment_max_tokens: 50,

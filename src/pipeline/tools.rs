@@ -7,9 +7,9 @@
 //! matches, the store's sticky categories are used, else the `on_no_match` policy. Always in
 //! full: tools named by `tool_choice`, tools called before the first answer, `tools.always`,
 //! single-word utilities (`think`, `calculate`) and definitions under `min_stub_tokens`.
-//! A tool needed later (called, or of a category a tool loop uses) is defined in the messages
-//! where the need arose (`inline`); a strict one, or any with `left_out = "remove"`, grows the
-//! block instead.
+//! A tool called later is defined in the messages where the need arose (`inline`); a strict
+//! one grows the block instead. With `left_out = "remove"` the block grows with what later
+//! turns need (called, matched by a user message, or of a category a tool loop uses).
 
 pub(crate) mod catalog;
 pub mod inline;
@@ -592,12 +592,12 @@ fn matched_of(
 }
 
 /// What the conversation needed after its first turn, in order, each at the client's message
-/// it goes before: mid tool loop, the tools of the categories the loop used (before its next
-/// step, or last); and the tools an assistant message called (before it, after the former).
-/// With `words` (left-out tools removed: no re-ask can recover a miss), also the tools of the
-/// categories a later user message matched (scored as it was then). With stubs, a later user
-/// message's words add nothing: on recorded agent traffic, defining what they matched cost
-/// more than the re-asks it saved.
+/// it goes before: the tools an assistant message called (before it). With `words` (left-out
+/// tools removed: no re-ask can recover a miss), also the tools of the categories a later user
+/// message matched (scored as it was then) and, mid tool loop, the tools of the categories the
+/// loop used (before its next step, or last). With stubs, neither is predicted: a miss costs
+/// one re-ask, and on recorded agent traffic defining what they predicted cost more tokens
+/// than the re-asks it saved, at the same bill.
 fn later_needs(
     catalog: &Catalog,
     messages: &[Message],
@@ -652,7 +652,7 @@ fn later_needs(
                         .checked_sub(1)
                         .and_then(|i| messages.get(i))
                         .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
-                    if after_tool {
+                    if after_tool && words.is_some() {
                         push(index, false, loop_needs(&loop_categories));
                     }
                     push(index, true, called.iter().cloned().collect());
@@ -667,7 +667,7 @@ fn later_needs(
     let mid_loop = messages
         .last()
         .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
-    if mid_loop {
+    if mid_loop && words.is_some() {
         push(messages.len(), false, loop_needs(&loop_categories));
     }
     needs
@@ -1012,6 +1012,39 @@ mod tests {
         }
         assert!(previous.iter().any(|t| t.starts_with("calendar_")));
         assert!(previous.iter().any(|t| t.starts_with("email_")));
+    }
+
+    #[test]
+    fn a_later_tool_loop_defines_what_it_called_and_predicts_only_without_stubs() {
+        let messages = json!([
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "Hi! How can I help?"},
+            {"role": "user", "content": "what's on my calendar today?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "calendar_list_events", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "standup at 10"}
+        ]);
+        // Stubs: the block stays the first turn's, and only the tool called is defined, before
+        // the call; the loop's other calendar tool is not defined ahead of a call.
+        let (sent, request) = sent_tools(messages.clone(), json!({}), &[], |c| {
+            c.tools.left_out = LeftOut::Stub;
+            c.tools.on_no_match = OnNoMatch::Stub;
+        });
+        assert_eq!(sent.len(), 5);
+        assert_eq!(
+            inline::defined_in(&request.messages),
+            BTreeSet::from(["calendar_list_events".to_owned()])
+        );
+        let at = request
+            .messages
+            .iter()
+            .position(|m| !m.tool_calls().is_empty())
+            .unwrap();
+        assert_eq!(inline::defined_in(&request.messages[..at]).len(), 1);
+        // Removed: no re-ask can recover a miss, so the block grows with the loop's categories.
+        let (sent, request) = sent_tools(messages, json!({}), &[], |_| {});
+        assert_eq!(sent, ["calendar_create_event", "calendar_list_events"]);
+        assert!(inline::defined_in(&request.messages).is_empty());
     }
 
     #[test]

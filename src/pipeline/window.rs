@@ -2,8 +2,8 @@
 //! the facts the user stated.
 //!
 //! A turn is a user message and everything after it up to the next user message, so a tool
-//! call and its results are never split. The verbatim window holds N turns (6; 8 when recent
-//! user messages continue one topic, 4 for chit-chat), starts after a topic shift, and is
+//! call and its results are never split. The verbatim window holds N turns (3; 4 when recent
+//! user messages continue one topic, 2 for chit-chat), starts after a topic shift, and is
 //! capped in tokens. Older turns are cut in segments of 3 counted from the start of the
 //! conversation, so the window moves in steps and consecutive requests share a prefix.
 //!

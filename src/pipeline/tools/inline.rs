@@ -4,9 +4,8 @@
 //! at the full input price; a message placed in the history re-bills nothing that was sent
 //! before (ARCHITECTURE.md, principles 4 and 9).
 //!
-//! Where a definition goes is a function of the history: before the user message whose words
-//! called for it, before the assistant message that first called it, or, mid tool loop, before
-//! the loop's next step. So the re-ask of an answer that called a stub (which appends the
+//! Where a definition goes is a function of the history: before the assistant message that
+//! first called it. So the re-ask of an answer that called a stub (which appends the
 //! definition last) and every later request of the conversation place it at the same spot.
 
 use std::collections::BTreeSet;
