@@ -1,8 +1,9 @@
 //! Deferred tools through the running proxy and the mock upstream: what the tools stage leaves
 //! out goes as a stub; an answer that calls a stub is asked again with the tool in full, and the
 //! client gets only that answer (JSON and streams, before or after text), with the usage of
-//! both, the `X-Ctxproxy-Tools-Expanded` header or SSE comment, and the metric. A few small tools
-//! reach the upstream unchanged.
+//! both, the `X-Ctxproxy-Tools-Expanded` header or SSE comment, and the metric. A streamed call
+//! of a full tool goes out as soon as its name is known. A few small tools reach the upstream
+//! unchanged.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -449,4 +450,108 @@ async fn a_tool_choice_naming_a_stub_defines_it_last_and_keeps_the_block() {
     let last = messages.last().unwrap()["content"].as_str().unwrap();
     assert!(last.starts_with(inline::HEADER), "{last}");
     assert!(last.contains("\"name\":\"send_email\""), "{last}");
+}
+
+/// An upstream that streams the start of a call of `get_weather`, then waits for `go` before
+/// the call's arguments, the finish and `[DONE]`.
+async fn upstream_pausing_after_a_call_start(go: tokio::sync::oneshot::Receiver<()>) -> String {
+    use axum::body::Body;
+    use futures_util::StreamExt;
+    let chunk = |delta: Value, finish: Value| {
+        let chunk = json!({"id": "up", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-4o", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        bytes::Bytes::from(format!("data: {chunk}\n\n"))
+    };
+    let head = vec![
+        chunk(json!({"role": "assistant", "content": null}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_w", "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}}]}),
+            Value::Null,
+        ),
+    ];
+    let tail = vec![
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":\"Paris\"}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        bytes::Bytes::from_static(b"data: [DONE]\n\n"),
+    ];
+    let go = std::sync::Arc::new(std::sync::Mutex::new(Some(go)));
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let go = go.lock().unwrap().take();
+            let (head, tail) = (head.clone(), tail.clone());
+            async move {
+                let waited = futures_util::stream::once(async move {
+                    if let Some(go) = go {
+                        let _ = go.await;
+                    }
+                    futures_util::stream::iter(tail)
+                })
+                .flatten();
+                let body = futures_util::stream::iter(head)
+                    .chain(waited)
+                    .map(Ok::<_, std::convert::Infallible>);
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(body))
+                    .unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test]
+async fn a_streamed_call_of_a_full_tool_goes_out_before_the_answer_ends() {
+    use futures_util::StreamExt;
+    let (go, wait) = tokio::sync::oneshot::channel();
+    let upstream = upstream_pausing_after_a_call_start(wait).await;
+    // get_weather in full, the other tools as stubs: the answer may still call a stub.
+    let proxy = common::start_proxy(&format!(
+        "[upstream]\nbase_url = \"{upstream}\"\n{FILTER_ALL}always = [\"get_weather\"]\n"
+    ))
+    .await;
+    let explained = proxy.explain(&request(true), &[]).await;
+    let full: Vec<&str> = explained["request"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["function"]["parameters"]["properties"]
+                .as_object()
+                .is_some_and(|p| !p.is_empty())
+        })
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert_eq!(full, ["get_weather"], "{explained}");
+    let response = post(&proxy, &request(true), &[]).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut received = String::new();
+    // The call's start reaches the client while the upstream still holds the rest.
+    let started = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !received.contains("\"name\":\"get_weather\"") {
+            let bytes = body.next().await.unwrap().unwrap();
+            received.push_str(&String::from_utf8_lossy(&bytes));
+        }
+    })
+    .await;
+    assert!(started.is_ok(), "the call was held: {received}");
+    go.send(()).unwrap();
+    while let Some(bytes) = body.next().await {
+        received.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
+    }
+    let streamed = read_stream(&received);
+    assert_eq!(
+        streamed.calls,
+        [("get_weather".to_owned(), r#"{"city":"Paris"}"#.to_owned())]
+    );
+    assert!(received.trim_end().ends_with("data: [DONE]"), "{received}");
 }

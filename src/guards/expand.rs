@@ -1,7 +1,7 @@
 //! Transparent expansion, its pure parts: which stubs an answer calls, and a stream rewriter
-//! that relays text as it comes, holds tool calls until the part ends (when the name of every
-//! call is known), and splices a re-asked answer into the same stream. The calls live in
-//! `server::guarded::expand`.
+//! that relays text as it comes, holds a tool call only until its name is known (a call of a
+//! full tool goes on at once; from a stub call on, the part is held), and splices a re-asked
+//! answer into the same stream. The calls live in `server::guarded::expand`.
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -70,6 +70,17 @@ pub enum PartEnd {
     Done(Vec<Bytes>),
 }
 
+/// Where the deltas of one streamed tool call go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallRoute {
+    /// To the client, under this index.
+    Relay(u64),
+    /// Held until the part ends (a stub's call, or any call after it).
+    Hold,
+    /// Nowhere: a re-asked answer's repeat of a call the client already has.
+    Drop,
+}
+
 /// One streamed answer made of the upstream's first answer and its re-asks.
 pub struct ExpandStream {
     /// The tools the request being answered offers as stubs.
@@ -87,10 +98,22 @@ pub struct ExpandStream {
     /// The client has had the answer's `role`; this part's chunks carry it.
     role_relayed: bool,
     role_in_part: bool,
-    /// Events from the part's first tool call on, held until the part ends.
+    /// Events held until the part ends: from a stub call (or a call whose name does not come
+    /// with its start) on, and, while `holding_whole`, every event of the part.
     held: Vec<Bytes>,
     holding: bool,
+    /// A re-asked part whose text may repeat what the client has: held whole, its text is
+    /// known only at its end.
+    holding_whole: bool,
     called: Vec<String>,
+    /// This part's tool calls by the upstream's index, and where each goes.
+    calls: Vec<(u64, CallRoute)>,
+    /// Tool calls relayed so far over every part: the client's index of the next one.
+    relayed_calls: u64,
+    relayed_before_part: u64,
+    /// The stubs the last re-ask defined. Once calls were relayed, a re-asked part adds only
+    /// its calls of these: its other calls repeat what the client already has.
+    reasked_for: Vec<String>,
     /// The first part's usage event as it came, and the usage of every part.
     usage_event: Option<Bytes>,
     usage: Option<Value>,
@@ -113,7 +136,12 @@ impl ExpandStream {
             role_in_part: false,
             held: Vec::new(),
             holding: false,
+            holding_whole: false,
             called: Vec::new(),
+            calls: Vec::new(),
+            relayed_calls: 0,
+            relayed_before_part: 0,
+            reasked_for: Vec::new(),
             usage_event: None,
             usage: None,
             done: false,
@@ -144,6 +172,11 @@ impl ExpandStream {
             // The client was told the answer failed: no call of it, stub or not, follows.
             self.held.clear();
         } else if !self.called.is_empty() {
+            if self.holding_whole {
+                // Nothing of this part went out.
+                self.relayed_calls = self.relayed_before_part;
+            }
+            self.reasked_for = self.called.clone();
             return PartEnd::ReAsk(std::mem::take(&mut self.called));
         }
         if let Some(extra) = self.beyond_said() {
@@ -170,8 +203,11 @@ impl ExpandStream {
         self.held.clear();
         self.reasked.clear();
         self.role_in_part = false;
+        self.calls.clear();
+        self.relayed_before_part = self.relayed_calls;
         // Once text went out, a re-asked part is held whole: its text is known only at its end.
-        self.holding = !self.said.is_empty();
+        self.holding_whole = !self.said.is_empty();
+        self.holding = false;
         self.usage_event = None;
         self.done = false;
     }
@@ -213,41 +249,42 @@ impl ExpandStream {
             }
             self.head = Some(head);
         }
-        for choice in chunk["choices"].as_array().into_iter().flatten() {
-            let delta = &choice["delta"];
-            let calls = delta["tool_calls"].as_array().into_iter().flatten();
-            let names = calls
-                .map(|call| &call["function"]["name"])
-                .chain([&delta["function_call"]["name"]]);
-            let before = self.called.len();
-            note_stubs(names, &self.stubs, &mut self.called);
-            let calls_now = delta["tool_calls"]
-                .as_array()
-                .is_some_and(|c| !c.is_empty())
-                || delta["function_call"].is_object();
-            self.holding |= calls_now || self.called.len() > before;
-        }
-        let relayed = if self.part == 0 {
+        let held_calls = self.route_calls(&mut chunk);
+        let mut rewritten = !held_calls.is_empty();
+        let relayed = if self.part == 0 && !self.calls_renumbered() && !rewritten {
             raw
         } else {
-            if let Some(head) = &self.head {
-                restamp(&mut chunk, head);
-            }
-            if !self.said.is_empty() {
-                self.reasked.push_str(&take_text(&mut chunk));
-            }
-            if !self.role_relayed && !self.role_in_part && has_choice {
-                set_role(&mut chunk);
-                self.role_in_part = true;
+            if self.part > 0 {
+                if let Some(head) = &self.head {
+                    restamp(&mut chunk, head);
+                }
+                if !self.said.is_empty() {
+                    self.reasked.push_str(&take_text(&mut chunk));
+                }
+                if !self.role_relayed && !self.role_in_part && has_choice {
+                    set_role(&mut chunk);
+                    self.role_in_part = true;
+                }
+                rewritten = true;
             }
             let finishes = !chunk["choices"][0]["finish_reason"].is_null();
-            if !has_delta(&chunk) && !finishes {
+            if rewritten && !has_delta(&chunk) && !finishes && held_calls.is_empty() {
                 return;
             }
             event(&chunk)
         };
-        if self.holding {
+        if self.holding_whole {
             self.held.push(relayed);
+            return;
+        }
+        if self.holding {
+            // Calls already relayed go on; the rest waits for the part's end.
+            let (now, rest) = split_calls(chunk, held_calls);
+            if let Some(now) = now {
+                self.role_relayed |= !now["choices"][0]["delta"]["role"].is_null();
+                out.push(event(&now));
+            }
+            self.held.extend(rest.map(|rest| event(&rest)));
             return;
         }
         if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
@@ -255,6 +292,97 @@ impl ExpandStream {
         }
         self.role_relayed |= !chunk["choices"][0]["delta"]["role"].is_null();
         out.push(relayed);
+    }
+
+    /// Routes the tool-call deltas of a chunk's first choice: a call whose name says it is a
+    /// full tool is relayed (under the client's index), one of a stub starts holding the part,
+    /// one that repeats a call the client already has is dropped. The chunk keeps the deltas
+    /// relayed; the others are returned, to hold, when the part is holding.
+    fn route_calls(&mut self, chunk: &mut Value) -> Vec<Value> {
+        // Legacy `function_call`: one call, its name in its first delta.
+        if let Some(name) = chunk["choices"][0]["delta"]["function_call"]["name"].as_str() {
+            if self.stubs.iter().any(|s| s == name) {
+                note_stubs(
+                    [&Value::from(name)].into_iter(),
+                    &self.stubs,
+                    &mut self.called,
+                );
+                self.holding = true;
+            }
+            return Vec::new();
+        }
+        let Some(deltas) = chunk
+            .pointer_mut("/choices/0/delta/tool_calls")
+            .and_then(Value::as_array_mut)
+            .map(std::mem::take)
+        else {
+            return Vec::new();
+        };
+        let (mut relay, mut hold) = (Vec::new(), Vec::new());
+        for mut delta in deltas {
+            let index = delta["index"].as_u64().unwrap_or(0);
+            let known = self.calls.iter().find(|(i, _)| *i == index).map(|c| c.1);
+            let route = known.unwrap_or_else(|| {
+                let route = self.route_new_call(delta["function"]["name"].as_str());
+                self.calls.push((index, route));
+                route
+            });
+            match route {
+                CallRoute::Relay(client_index) => {
+                    delta["index"] = Value::from(client_index);
+                    relay.push(delta);
+                }
+                CallRoute::Hold => hold.push(delta),
+                CallRoute::Drop => {}
+            }
+        }
+        if self.holding_whole {
+            // The whole part goes out at its end, in order.
+            relay.append(&mut hold);
+        }
+        let delta = &mut chunk["choices"][0]["delta"];
+        if !relay.is_empty() {
+            delta["tool_calls"] = Value::Array(relay);
+        } else if let Some(delta) = delta.as_object_mut() {
+            delta.remove("tool_calls");
+        }
+        hold
+    }
+
+    /// Where a call this part starts goes, by its name.
+    fn route_new_call(&mut self, name: Option<&str>) -> CallRoute {
+        let Some(name) = name else {
+            // A call whose name does not come with its start: held, as everything after it.
+            self.holding = true;
+            return CallRoute::Hold;
+        };
+        if self.stubs.iter().any(|s| s == name) {
+            note_stubs(
+                [&Value::from(name)].into_iter(),
+                &self.stubs,
+                &mut self.called,
+            );
+            self.holding = true;
+            return CallRoute::Hold;
+        }
+        let repeat =
+            self.part > 0 && self.relayed_calls > 0 && !self.reasked_for.iter().any(|s| s == name);
+        if repeat {
+            return CallRoute::Drop;
+        }
+        if self.holding {
+            return CallRoute::Hold;
+        }
+        let client_index = self.relayed_calls;
+        self.relayed_calls += 1;
+        CallRoute::Relay(client_index)
+    }
+
+    /// Some call of this part goes to the client under another index than the upstream's.
+    fn calls_renumbered(&self) -> bool {
+        self.calls
+            .iter()
+            .any(|(index, route)| matches!(route, CallRoute::Relay(c) if c != index))
     }
 
     /// The re-asked part's text beyond what the client already has, as a chunk; a re-ask that
@@ -298,6 +426,38 @@ impl ExpandStream {
             None => usage.clone(),
         });
     }
+}
+
+/// A chunk of a holding part, split: its relayed tool-call deltas, with the role if it has one
+/// (to relay now), and the rest with the `held` deltas (to hold), each when it says anything.
+fn split_calls(chunk: Value, held: Vec<Value>) -> (Option<Value>, Option<Value>) {
+    let mut now = chunk.clone();
+    if let Some(now) = now.as_object_mut() {
+        now.remove("usage");
+    }
+    let mut rest = chunk;
+    let calls = rest
+        .pointer_mut("/choices/0/delta")
+        .and_then(Value::as_object_mut)
+        .map(|delta| (delta.remove("tool_calls"), delta.remove("role")));
+    if let Some(choice) = now.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+        let (calls, role) = calls.unwrap_or_default();
+        let mut delta = serde_json::Map::new();
+        delta.extend(role.map(|role| ("role".to_owned(), role)));
+        delta.extend(calls.map(|calls| ("tool_calls".to_owned(), calls)));
+        choice.insert("delta".into(), Value::Object(delta));
+        choice.insert("finish_reason".into(), Value::Null);
+    }
+    if !held.is_empty()
+        && let Some(delta) = rest
+            .pointer_mut("/choices/0/delta")
+            .and_then(Value::as_object_mut)
+    {
+        delta.insert("tool_calls".into(), Value::Array(held));
+    }
+    let now = has_delta(&now).then_some(now);
+    let says = has_delta(&rest) || !rest["choices"][0]["finish_reason"].is_null();
+    (now, says.then_some(rest))
 }
 
 /// A re-asked chunk's text, taken out of it (it goes out at the part's end, without what the
@@ -506,13 +666,103 @@ mod tests {
         ]
         .concat();
         let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
-        // Text goes at once; the tool call waits for the part's end.
+        // Text and a call of a full tool go at once; usage and [DONE] at the part's end.
         let out = relayed(stream.push([text.as_str(), &calls].concat().as_bytes()));
-        assert_eq!(text_of(&out), text);
+        assert_eq!(
+            text_of(&out),
+            [text.as_str(), &calls]
+                .concat()
+                .replace(&usage("a", 5, 3), "")
+                .replace(DONE, "")
+        );
         let PartEnd::Done(rest) = stream.end_part() else {
             panic!("no stub was called");
         };
-        assert_eq!(text_of(&rest), calls);
+        assert_eq!(text_of(&rest), [usage("a", 5, 3), DONE.to_owned()].concat());
+    }
+
+    /// A call's delta of the upstream's index `index`, with its start when `name` is given.
+    fn call_delta(index: u64, name: Option<&str>, arguments: &str) -> Value {
+        let mut call = json!({"index": index, "function": {"arguments": arguments}});
+        if let Some(name) = name {
+            call["id"] = json!(format!("call_{index}"));
+            call["type"] = json!("function");
+            call["function"]["name"] = json!(name);
+        }
+        json!({"tool_calls": [call]})
+    }
+
+    #[test]
+    fn a_full_tools_call_goes_out_as_soon_as_its_name_is_known() {
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let start = chunk("a", call_delta(0, Some("full_one"), ""), None);
+        assert_eq!(text_of(&relayed(stream.push(start.as_bytes()))), start);
+        let more = chunk("a", call_delta(0, None, "{\"x\":"), None);
+        assert_eq!(text_of(&relayed(stream.push(more.as_bytes()))), more);
+        let end = [
+            chunk("a", call_delta(0, None, "1}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+        ]
+        .concat();
+        assert_eq!(text_of(&relayed(stream.push(end.as_bytes()))), end);
+        assert_eq!(stream.end_part(), PartEnd::Done(Vec::new()));
+    }
+
+    #[test]
+    fn a_stub_called_beside_a_relayed_call_adds_only_the_re_asked_stub_call() {
+        let first = [
+            chunk("a", json!({"role": "assistant", "content": null}), None),
+            chunk("a", call_delta(0, Some("full_one"), "{\"x\":1}"), None),
+            chunk("a", call_delta(1, Some("stubbed"), ""), None),
+            chunk("a", call_delta(1, None, "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            usage("a", 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut stream = ExpandStream::new(vec!["stubbed".into()], 1 << 20);
+        let out = text_of(&relayed(stream.push(first.as_bytes())));
+        // The full tool's call went out; nothing of the stub's.
+        assert_eq!(
+            out,
+            [
+                chunk("a", json!({"role": "assistant", "content": null}), None),
+                chunk("a", call_delta(0, Some("full_one"), "{\"x\":1}"), None),
+            ]
+            .concat()
+        );
+        assert_eq!(stream.end_part(), PartEnd::ReAsk(vec!["stubbed".into()]));
+        stream.re_asked(Vec::new());
+        // The re-asked answer repeats the first call, with other arguments, and calls the tool
+        // now defined.
+        let second = [
+            chunk("b", json!({"role": "assistant", "content": null}), None),
+            chunk("b", call_delta(0, Some("full_one"), "{\"x\":2}"), None),
+            chunk("b", call_delta(1, Some("stubbed"), "{\"id\":\"7\"}"), None),
+            chunk("b", json!({}), Some("tool_calls")),
+            usage("b", 9, 4),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut out = relayed(stream.push(second.as_bytes()));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("the re-asked answer calls no stub");
+        };
+        out.extend(rest);
+        let expected = [
+            // Under the first answer's id and at the next index; the repeat is dropped.
+            chunk("a", call_delta(1, Some("stubbed"), "{\"id\":\"7\"}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            format!(
+                "data: {}\n\n",
+                json!({"id": "a", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                    "choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 7,
+                    "total_tokens": 21}})
+            ),
+            DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(text_of(&out), expected);
     }
 
     #[test]

@@ -269,8 +269,8 @@ async fn expand_json(
     Ok(done(parts, Bytes::from(body), expanded, sent))
 }
 
-/// A streamed answer through the pure [`ExpandStream`], in a task: text goes out as it comes,
-/// tool calls at the part's end, and a call to a stub is asked again in the same stream.
+/// A streamed answer through the pure [`ExpandStream`], in a task: text and calls of full tools
+/// go out as they come, and a call to a stub is asked again in the same stream.
 fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Expanded {
     // Which stubs a stream calls is known only as it ends: a guard's re-ask offers them all.
     let sent = call.all_full().unwrap_or(sent);
