@@ -301,14 +301,8 @@ impl ExpandStream {
     fn route_calls(&mut self, chunk: &mut Value) -> Vec<Value> {
         // Legacy `function_call`: one call, its name in its first delta.
         if let Some(name) = chunk["choices"][0]["delta"]["function_call"]["name"].as_str() {
-            if self.stubs.iter().any(|s| s == name) {
-                note_stubs(
-                    [&Value::from(name)].into_iter(),
-                    &self.stubs,
-                    &mut self.called,
-                );
-                self.holding = true;
-            }
+            let name = name.to_owned();
+            self.hold_if_stub(&name);
             return Vec::new();
         }
         let Some(deltas) = chunk
@@ -356,13 +350,7 @@ impl ExpandStream {
             self.holding = true;
             return CallRoute::Hold;
         };
-        if self.stubs.iter().any(|s| s == name) {
-            note_stubs(
-                [&Value::from(name)].into_iter(),
-                &self.stubs,
-                &mut self.called,
-            );
-            self.holding = true;
+        if self.hold_if_stub(name) {
             return CallRoute::Hold;
         }
         let repeat =
@@ -376,6 +364,18 @@ impl ExpandStream {
         let client_index = self.relayed_calls;
         self.relayed_calls += 1;
         CallRoute::Relay(client_index)
+    }
+
+    /// A call of the stub `name` holds the part from here on; whether `name` is a stub.
+    fn hold_if_stub(&mut self, name: &str) -> bool {
+        let stub = self.stubs.iter().any(|s| s == name);
+        if stub {
+            if !self.called.iter().any(|c| c == name) {
+                self.called.push(name.to_owned());
+            }
+            self.holding = true;
+        }
+        stub
     }
 
     /// Some call of this part goes to the client under another index than the upstream's.
@@ -753,12 +753,8 @@ mod tests {
             // Under the first answer's id and at the next index; the repeat is dropped.
             chunk("a", call_delta(1, Some("stubbed"), "{\"id\":\"7\"}"), None),
             chunk("a", json!({}), Some("tool_calls")),
-            format!(
-                "data: {}\n\n",
-                json!({"id": "a", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                    "choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 7,
-                    "total_tokens": 21}})
-            ),
+            // One usage, summed over both answers.
+            usage("a", 14, 7),
             DONE.to_owned(),
         ]
         .concat();
@@ -792,12 +788,8 @@ mod tests {
             // The re-asked call, under the first answer's id, its text left out.
             chunk("a", call("stubbed", "{\"id\":\"7\"}"), None),
             chunk("a", json!({}), Some("tool_calls")),
-            format!(
-                "data: {}\n\n",
-                json!({"id": "a", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                    "choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 7,
-                    "total_tokens": 21}})
-            ),
+            // One usage, summed over both answers.
+            usage("a", 14, 7),
             DONE.to_owned(),
         ]
         .concat();
