@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tool filtering quality on recorded agent traffic: for every request whose recorded answer
 # called a tool (meta file `response_tool_names`, or `scaffold_expected_next_tool`), was that
-# tool kept? And how many tool-definition tokens are removed on requests with 10+ tools?
+# tool offered (in full or as a stub), and in full (1 minus that is the expansion rate; the
+# re-asks per 100 tool-calling requests follow)? And how many tool-definition tokens are
+# removed on requests with 10+ tools, stubs and definitions in the messages counted?
 #
 #   bench/tool_recall.sh [CONFIG] [FILE.jsonl ...]
 #
@@ -13,11 +15,11 @@ config="${1:-config.toml}"
 shift || true
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  files=(../shared/data/tau_bench_airline_gpt4o.jsonl ../shared/data/github_api_tool_results.jsonl ../shared/data/toolbench_examples.jsonl)
+  files=(../shared/data/tau2_bench_dev.jsonl ../shared/data/tau_bench_airline_gpt4o.jsonl ../shared/data/github_api_tool_results.jsonl ../shared/data/toolbench_examples.jsonl)
 fi
 cargo build --release --quiet
 for file in "${files[@]}"; do
   [ -f "$file" ] || { echo "skip $file (absent)"; continue; }
   echo "== $file"
-  ./target/release/ctxproxy analyze "$file" --config "$config" | grep -E "^(requests|prompt tokens|over budget|tool recall|tool definitions)"
+  ./target/release/ctxproxy analyze "$file" --config "$config" | grep -E "^(requests|prompt tokens|over budget|tool recall|called tools|tool definitions)"
 done
