@@ -127,6 +127,11 @@ async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() 
         response.headers()["x-ctxproxy-tools-expanded"],
         "get_weather"
     );
+    let sent: f64 = response.headers()["x-ctxproxy-tokens-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let answer: Value = response.json().await.unwrap();
     let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["name"], "get_weather");
@@ -146,6 +151,12 @@ async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() 
         .metric("ctxproxy_tool_expansions_total", &[("outcome", "expanded")])
         .await;
     assert_eq!(expanded, 1.0);
+    // The re-ask's prompt is counted beside what the rewrite sent: the summed usage less it.
+    let reasked = proxy
+        .metric("ctxproxy_prompt_tokens_total", &[("phase", "reasked")])
+        .await;
+    assert!(reasked > 0.0);
+    assert_eq!(reasked, usage["prompt_tokens"].as_f64().unwrap() - sent);
 }
 
 #[tokio::test]
@@ -190,6 +201,18 @@ async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
             usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
         );
     }
+    // The re-asks' prompts are counted, though a stream says it was expanded after its usage.
+    let mut reasked = 0.0;
+    for _ in 0..50 {
+        reasked = proxy
+            .metric("ctxproxy_prompt_tokens_total", &[("phase", "reasked")])
+            .await;
+        if reasked > 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(reasked > 0.0, "no re-asked prompt counted");
 }
 
 #[tokio::test]

@@ -51,10 +51,12 @@ label_set! {
 }
 
 label_set! {
-    /// Prompt tokens as the client sent them, and as they went upstream.
+    /// Prompt tokens as the client sent them, and as they went upstream; of those that went
+    /// upstream, the prompts of re-asks (an answer called a stub) are counted apart.
     TokenPhase {
         Original => "original",
         Sent => "sent",
+        Reasked => "reasked",
     }
 }
 

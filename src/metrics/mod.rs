@@ -197,7 +197,7 @@ impl Metrics {
             )?,
             prompt_tokens: r.counters(
                 "ctxproxy_prompt_tokens_total",
-                "Prompt tokens of chat requests as received (phase=original) and as sent upstream (phase=sent).",
+                "Prompt tokens of chat requests as received (phase=original) and as sent upstream (phase=sent), plus the prompts of the re-asks of answers that called a stub (phase=reasked: the upstream's usage, every call summed, less phase=sent).",
                 &["phase", "model", "tenant"],
             )?,
             tokens_saved: r.counters(

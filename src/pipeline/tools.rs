@@ -5,9 +5,9 @@
 //! by its keywords in the first turn's user message and the assistant text it answers, plus,
 //! with a lower weight, in the context before it; selected categories go in full. When nothing
 //! matches, the store's sticky categories are used, else the `on_no_match` policy. Always in
-//! full: tools named by `tool_choice`, tools called before the first answer, `tools.always`,
-//! single-word utilities (`think`, `calculate`) and definitions under `min_stub_tokens`.
-//! A tool called later is defined in the messages where the need arose (`inline`); a strict
+//! full: tools called before the first answer, `tools.always`, single-word utilities (`think`,
+//! `calculate`) and definitions under `min_stub_tokens`. A tool called later, or named by
+//! `tool_choice`, is defined in the messages where the need arose (`inline`); a strict
 //! one grows the block instead. With `left_out = "remove"` the block grows with what later
 //! turns need (called, matched by a user message, or of a category a tool loop uses).
 

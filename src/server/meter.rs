@@ -14,7 +14,7 @@ use crate::bill::{self, Prompt};
 use crate::body::{BodyEnd, BodyObserver};
 use crate::config::ModelPrice;
 use crate::guards::expand::EXPANDED_COMMENT;
-use crate::metrics::{ChatLabels, SavingSource, UsageKind};
+use crate::metrics::{ChatLabels, SavingSource, TokenPhase, UsageKind};
 use crate::openai::sse::event_data;
 use crate::openai::{Nullable, Usage, with_first_field};
 
@@ -36,9 +36,6 @@ pub struct Saving {
     /// The tokens sent; the usage says how many of them were cached.
     pub sent_tokens: usize,
     pub price: ModelPrice,
-    /// The answer called stubs and was asked again: what was sent is the usage's prompt
-    /// tokens, every call summed.
-    pub expanded: bool,
 }
 
 pub struct ResponseMeter {
@@ -50,8 +47,13 @@ pub struct ResponseMeter {
     /// When the request arrived; taken when the first event comes.
     received: Option<Instant>,
     json: Vec<u8>,
+    /// A stream's usage event, counted at the stream's end: an expanded stream says so after it.
+    stream_usage: Option<Usage>,
     counted: bool,
-    /// The stream says it was expanded (its re-asks' prompts are in its usage).
+    /// The tokens of the rewrite sent (optimize mode, the request changed).
+    sent_tokens: Option<usize>,
+    /// The answer called stubs and was asked again (a stream says so in its comment): its
+    /// usage sums every call's prompt.
     expanded: bool,
 }
 
@@ -71,7 +73,9 @@ impl ResponseMeter {
             streamed,
             received: Some(received),
             json: Vec::new(),
+            stream_usage: None,
             counted: false,
+            sent_tokens: None,
             expanded: false,
         }
     }
@@ -79,6 +83,14 @@ impl ResponseMeter {
     /// Prices the rewrite's saving when the usage arrives.
     pub fn with_saving(mut self, saving: Option<Saving>) -> ResponseMeter {
         self.saving = saving;
+        self
+    }
+
+    /// The rewrite sent (its tokens), and whether the answer was re-asked with stubs expanded:
+    /// the re-asks' prompts are counted from the usage.
+    pub fn with_sent(mut self, sent_tokens: Option<usize>, expanded: bool) -> ResponseMeter {
+        self.sent_tokens = sent_tokens;
+        self.expanded = expanded;
         self
     }
 
@@ -94,13 +106,21 @@ impl ResponseMeter {
             .and_then(serde_json::Value::as_u64);
         let cached = reported.unwrap_or(0);
         if let Some(mut saving) = self.saving {
-            if saving.expanded || self.expanded {
+            if self.expanded {
                 saving.sent_tokens = usage.prompt_tokens as usize;
             }
             self.count_saving(saving, reported);
         }
-        let tokens = &self.state.metrics.usage_tokens;
+        let metrics = &self.state.metrics;
         let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
+        if let Some(sent) = self.sent_tokens.filter(|_| self.expanded) {
+            let reasked = usage.prompt_tokens.saturating_sub(sent as u64);
+            metrics
+                .prompt_tokens
+                .with_label_values(&[TokenPhase::Reasked.as_str(), model, tenant])
+                .inc_by(reasked);
+        }
+        let tokens = &metrics.usage_tokens;
         for (kind, n) in [
             (UsageKind::Prompt, usage.prompt_tokens),
             (UsageKind::Completion, usage.completion_tokens),
@@ -169,11 +189,15 @@ impl BodyObserver for ResponseMeter {
             && let Ok(event) = serde_json::from_str::<WithUsage>(&payload)
             && let Some(usage) = event.usage.get()
         {
-            self.count(usage);
+            self.stream_usage = Some(usage.clone());
         }
     }
 
     fn on_end(mut self: Box<Self>, end: BodyEnd) {
+        if let Some(usage) = self.stream_usage.take() {
+            self.count(&usage);
+            return;
+        }
         if self.streamed || end != BodyEnd::Complete {
             return;
         }

@@ -54,6 +54,8 @@ pub struct Outgoing {
     pub body: Bytes,
     /// What a rewritten request is priced against when its usage arrives.
     pub saving: Option<Saving>,
+    /// The tokens of the rewrite sent; `None` when the client's bytes go.
+    pub sent_tokens: Option<usize>,
     /// The rewrite, when it sends tools as stubs (an answer may call one: `expand`).
     pub with_stubs: Option<ChatRequest>,
 }
@@ -114,6 +116,7 @@ impl<'a> ChatCall<'a> {
         let unchanged = Outgoing {
             body: self.bytes.clone(),
             saving: None,
+            sent_tokens: None,
             with_stubs: None,
         };
         if self.mode == Mode::Off {
@@ -185,6 +188,7 @@ impl<'a> ChatCall<'a> {
         Ok(Outgoing {
             body,
             saving,
+            sent_tokens: Some(report.tokens_after),
             with_stubs: stubs.then_some(rewrite.request),
         })
     }
@@ -278,7 +282,6 @@ impl<'a> ChatCall<'a> {
             },
             sent_tokens: report.tokens_after,
             price,
-            expanded: false,
         })
     }
 }

@@ -43,6 +43,10 @@ pub struct Answer {
     answer: UpstreamResponse,
     sent_at: Instant,
     saving: Option<Saving>,
+    /// The tokens of the rewrite sent, when the client's bytes did not go.
+    sent_tokens: Option<usize>,
+    /// The answer called stubs and was asked again.
+    expanded: bool,
     /// The client did not ask for the stream's usage event: it is left out of what it gets.
     strip_usage: bool,
 }
@@ -176,15 +180,10 @@ impl ChatCall<'_> {
                 &state.metrics,
             )
             .await?;
-        let mut saving = outgoing.saving;
+        let (saving, sent_tokens) = (outgoing.saving, outgoing.sent_tokens);
         let answer = match expansion {
             Some(expansion) => {
                 let expanded = guarded::expand(expansion, answer, first).await?;
-                if !expanded.expanded.is_empty()
-                    && let Some(saving) = &mut saving
-                {
-                    saving.expanded = true;
-                }
                 log.expanded = expanded.expanded;
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
@@ -205,6 +204,8 @@ impl ChatCall<'_> {
             answer,
             sent_at,
             saving,
+            sent_tokens,
+            expanded: !log.expanded.is_empty(),
             strip_usage,
         })
     }
@@ -216,6 +217,8 @@ impl ChatCall<'_> {
             answer,
             sent_at,
             saving,
+            sent_tokens,
+            expanded,
             strip_usage,
         } = answer;
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
@@ -238,7 +241,8 @@ impl ChatCall<'_> {
                     streamed,
                     log.received,
                 )
-                .with_saving(saving),
+                .with_saving(saving)
+                .with_sent(sent_tokens, expanded),
             ));
             let tool_state = self.uses_tool_state();
             if let Some(conversation) = self.conversation.filter(|_| tool_state) {
