@@ -282,17 +282,17 @@ async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metere
     let streamed = read_stream(&response.text().await.unwrap());
     assert_eq!(streamed.calls.len(), 1);
     assert!(streamed.usage.is_none(), "the client did not ask for usage");
-    // The same question's prompt, once, as the mock counts it (it counts messages only).
+    // The same question's prompt, once, as the mock counts it (messages and tools).
     let once: Value = post(&proxy, &request(false), &[("Cache-Control", "no-cache")])
         .await
         .json()
         .await
         .unwrap();
     let once = once["usage"]["prompt_tokens"].as_f64().unwrap();
-    // The re-ask's prompt: the question and the definition of the tool called.
+    // The re-ask's prompt: the rewrite (its stubs) and the definition of the tool called.
     let client_tools: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
     let defined = inline::message(&client_tools, &["get_weather".to_owned()]);
-    let mut reask = request(false);
+    let mut reask = proxy.explain(&request(false), &[]).await["request"].clone();
     reask["messages"]
         .as_array_mut()
         .unwrap()

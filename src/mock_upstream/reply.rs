@@ -70,11 +70,19 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
     let digest = Sha256::digest(body);
     let id = format!("chatcmpl-mock-{}", hex::encode(&digest[..8]));
     let created = 1_700_000_000 + i64::from(u16::from_be_bytes([digest[8], digest[9]]));
+    // About 4 bytes a token, as a provider bills: each message's text and each tool definition.
+    let tool_tokens = request.tools.get().map_or(0, |tools| {
+        tools
+            .iter()
+            .map(|t| serde_json::to_vec(t).map_or(0, |json| json.len() as u64 / 4))
+            .sum::<u64>()
+    });
     let prompt_tokens = request
         .messages
         .iter()
         .map(|m| 4 + m.content.get().map_or(0, |c| c.text().len() as u64 / 4))
         .sum::<u64>()
+        + tool_tokens
         + 3;
 
     let last = request.messages.last();
