@@ -49,7 +49,6 @@ pub struct ResponseMeter {
     json: Vec<u8>,
     /// A stream's usage event, counted at the stream's end: an expanded stream says so after it.
     stream_usage: Option<Usage>,
-    counted: bool,
     /// The tokens of the rewrite sent (optimize mode, the request changed).
     sent_tokens: Option<usize>,
     /// The answer called stubs and was asked again (a stream says so in its comment): its
@@ -74,7 +73,6 @@ impl ResponseMeter {
             received: Some(received),
             json: Vec::new(),
             stream_usage: None,
-            counted: false,
             sent_tokens: None,
             expanded: false,
         }
@@ -94,11 +92,8 @@ impl ResponseMeter {
         self
     }
 
-    fn count(&mut self, usage: &Usage) {
-        if self.counted {
-            return;
-        }
-        self.counted = true;
+    /// Counted once: at a stream's end, or when a JSON answer is read whole.
+    fn count(&self, usage: &Usage) {
         let reported = usage
             .extra
             .get("prompt_tokens_details")
@@ -204,8 +199,7 @@ impl BodyObserver for ResponseMeter {
         if let Ok(answer) = serde_json::from_slice::<WithUsage>(&self.json)
             && let Some(usage) = answer.usage.get()
         {
-            let usage = usage.clone();
-            self.count(&usage);
+            self.count(usage);
         }
     }
 }
