@@ -4,6 +4,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 
 use crate::openai::{ErrorBody, ErrorObject};
 
@@ -56,6 +57,10 @@ pub enum ProxyError {
         phase: &'static str,
         timeout_ms: u128,
     },
+    #[error("The upstream '{upstream}' stream was interrupted: {reason}")]
+    UpstreamStreamInterrupted { upstream: String, reason: String },
+    #[error("The upstream '{upstream}' sent an answer ctxproxy cannot read: {reason}")]
+    UpstreamInvalidResponse { upstream: String, reason: String },
     #[error("ctxproxy is at its concurrency limit; retry later")]
     Overloaded,
     #[error("ctxproxy is shutting down")]
@@ -80,7 +85,9 @@ impl ProxyError {
             }
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamStreamInterrupted { .. }
+            | ProxyError::UpstreamInvalidResponse { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Overloaded | ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -93,6 +100,8 @@ impl ProxyError {
             ProxyError::Unauthorized => "authentication_error",
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::UpstreamStreamInterrupted { .. }
+            | ProxyError::UpstreamInvalidResponse { .. }
             | ProxyError::Overloaded
             | ProxyError::ShuttingDown
             | ProxyError::Internal(_) => "server_error",
@@ -117,6 +126,8 @@ impl ProxyError {
             ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::UpstreamStreamInterrupted { .. } => "upstream_stream_interrupted",
+            ProxyError::UpstreamInvalidResponse { .. } => "upstream_invalid_response",
             ProxyError::Overloaded => "overloaded",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::Internal(_) => "internal_error",
@@ -144,6 +155,13 @@ impl ProxyError {
                 code: Some(self.code().to_owned()),
             },
         }
+    }
+
+    /// The error as an SSE event: how a stream whose headers are gone says it failed (the
+    /// last event of its body).
+    pub fn sse_event(&self) -> Bytes {
+        let body = serde_json::to_string(&self.body()).unwrap_or_default();
+        Bytes::from(format!("data: {body}\n\n"))
     }
 
     /// Maps a JSON parse failure of a request body to the right 400.
@@ -210,6 +228,21 @@ mod tests {
         let mut de = serde_json::Deserializer::from_str(text);
         let err = serde_path_to_error::deserialize::<_, ChatRequest>(&mut de).unwrap_err();
         ProxyError::from_json(err)
+    }
+
+    #[test]
+    fn a_stream_error_is_an_openai_error_event() {
+        let err = ProxyError::UpstreamStreamInterrupted {
+            upstream: "default".into(),
+            reason: "reset".into(),
+        };
+        let event = err.sse_event();
+        let payload = crate::openai::sse::event_data(&event).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(value["error"]["code"], "upstream_stream_interrupted");
+        assert_eq!(value["error"]["type"], "server_error");
+        assert!(value["error"]["param"].is_null());
+        assert!(event.ends_with(b"\n\n"));
     }
 
     #[test]

@@ -108,6 +108,70 @@ pub fn error_event(message: &str, code: &str) -> Bytes {
     Bytes::from(format!("data: {body}\n\n"))
 }
 
+/// How a chat completion stream ended, judged from its events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// `data: [DONE]`, or a finish reason: some OpenAI-compatible servers end a complete answer
+    /// without `[DONE]`.
+    Complete,
+    /// An error event said why it failed (its code and message).
+    Failed(String),
+    /// Neither: the stream stopped before its end.
+    Early,
+}
+
+/// Watches the events of a chat completion stream, one at a time, for how it ends. Each event
+/// is scanned for a few byte patterns; only a likely error event is parsed.
+#[derive(Debug, Default)]
+pub struct StreamProgress {
+    done: bool,
+    finished: bool,
+    failed: Option<String>,
+}
+
+impl StreamProgress {
+    pub fn see(&mut self, event: &[u8]) {
+        if self.failed.is_none() {
+            self.failed = error_in(event);
+        }
+        self.finished |= has_finish_reason(event);
+        self.done |= memchr::memmem::find(event, b"[DONE]").is_some()
+            && event_data(event).as_deref() == Some("[DONE]");
+    }
+
+    /// How the stream ended, if it ended after the events seen.
+    pub fn ending(&self) -> Ending {
+        match &self.failed {
+            Some(error) => Ending::Failed(error.clone()),
+            None if self.done || self.finished => Ending::Complete,
+            None => Ending::Early,
+        }
+    }
+}
+
+/// Whether an event carries a finish reason that is a string (not `null`).
+fn has_finish_reason(event: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"finish_reason\"";
+    memchr::memmem::find_iter(event, KEY).any(|at| {
+        let rest = &event[at + KEY.len()..];
+        let rest = rest.trim_ascii_start();
+        rest.strip_prefix(b":")
+            .is_some_and(|value| value.trim_ascii_start().starts_with(b"\""))
+    })
+}
+
+/// The code and message of an OpenAI-format error event (`{"error": {...}}`, no `choices`).
+pub fn error_in(event: &[u8]) -> Option<String> {
+    memchr::memmem::find(event, b"\"error\"")?;
+    let payload: serde_json::Value = serde_json::from_str(&event_data(event)?).ok()?;
+    let error = payload
+        .get("error")
+        .filter(|_| payload.get("choices").is_none())?;
+    let text = |key: &str| error.get(key).and_then(serde_json::Value::as_str);
+    let code = text("code").or_else(|| text("type")).unwrap_or("error");
+    Some(format!("{code}: {}", text("message").unwrap_or("")))
+}
+
 /// The `data:` payload of one event, with multi-line data joined by `\n` (SSE rules).
 /// `None` for events without data (comments, keep-alives).
 pub fn event_data(event: &[u8]) -> Option<String> {
@@ -190,6 +254,34 @@ mod tests {
             splitter.push(b"data: x\n");
         }
         assert_eq!(splitter.next_event(), Err(EventTooLarge { max: 64 }));
+    }
+
+    fn ending_of(events: &[&[u8]]) -> Ending {
+        let mut progress = StreamProgress::default();
+        events.iter().for_each(|e| progress.see(e));
+        progress.ending()
+    }
+
+    #[test]
+    fn a_stream_ends_complete_failed_or_early() {
+        let text = br#"data: {"choices":[{"index":0,"delta":{"content":"a \"finish_reason\": \"x"},"finish_reason":null}]}
+
+"#;
+        let finish = br#"data: {"choices":[{"index":0,"delta":{},"finish_reason": "stop"}]}
+
+"#;
+        assert_eq!(ending_of(&[text]), Ending::Early);
+        assert_eq!(ending_of(&[text, finish]), Ending::Complete);
+        assert_eq!(ending_of(&[text, b"data: [DONE]\n\n"]), Ending::Complete);
+        let error =
+            br#"data: {"error":{"message":"gone","type":"server_error","param":null,"code":"boom"}}
+
+"#;
+        assert_eq!(
+            ending_of(&[text, error, b"data: [DONE]\n\n"]),
+            Ending::Failed("boom: gone".into())
+        );
+        assert_eq!(error_in(text), None);
     }
 
     #[test]
