@@ -11,12 +11,14 @@
 //! event each (large answers for load tests). `max_tokens` / `max_completion_tokens` cut a text answer at that
 //! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
 //! requests (those ending with an assistant message and then a user or system message, as a
-//! continuation or a retry does). `usage.prompt_tokens_details.cached_tokens` is what a
+//! continuation or a retry does). `X-Mock-Stream-Fault` and `X-Mock-Invalid-Json` fail an
+//! answer after its 200 ([`fault`]). `usage.prompt_tokens_details.cached_tokens` is what a
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
 
 mod command;
 mod embeddings;
+mod fault;
 mod reply;
 
 use std::convert::Infallible;
@@ -257,6 +259,10 @@ async fn chat_completions(
             "mock_follow_up",
         );
     }
+    let faults = fault::Faults::of(&headers, &request);
+    if faults.invalid_json {
+        return fault::invalid_json();
+    }
     let mut reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
     if let Some(text) = header_str(&headers, "x-mock-reply") {
         let overlap = header_str(&headers, "x-mock-overlap")
@@ -273,7 +279,7 @@ async fn chat_completions(
     let mut reply = reply::limited(reply, &request);
     reply.cached_tokens = state.cached_tokens(&headers, &request, reply.prompt_tokens);
     if request.is_stream() {
-        return stream_reply(&state, reply, request.include_usage());
+        return stream_reply(&state, reply, request.include_usage(), faults.fault);
     }
     let mut completion = completion_json(&reply);
     if header_str(&headers, "x-mock-echo") == Some("1") {
@@ -284,7 +290,10 @@ async fn chat_completions(
             .collect();
         completion["mock_echo"] = json!({"body": received, "headers": echoed_headers});
     }
-    axum::Json(completion).into_response()
+    match faults.fault {
+        Some(fault) => fault::failing_json(completion.to_string().into_bytes(), fault),
+        None => axum::Json(completion).into_response(),
+    }
 }
 
 /// A request that follows up an answer: an assistant message, then a user or system message.
@@ -361,7 +370,12 @@ fn stream_events(reply: &Reply, include_usage: bool) -> Vec<String> {
     lines
 }
 
-fn stream_reply(state: &MockState, reply: Reply, include_usage: bool) -> Response {
+fn stream_reply(
+    state: &MockState,
+    reply: Reply,
+    include_usage: bool,
+    fault: Option<fault::Fault>,
+) -> Response {
     let events = stream_events(&reply, include_usage);
     let pause = state
         .options
@@ -403,10 +417,14 @@ fn stream_reply(state: &MockState, reply: Reply, include_usage: bool) -> Respons
             }
         }
     });
+    let body = match fault {
+        Some(fault) => fault::failing(Box::pin(stream), fault),
+        None => Body::from_stream(stream),
+    };
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
+        .body(body)
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
