@@ -1,9 +1,13 @@
 //! Response body adapters: one that reports when a body ends (completed, failed, dropped by the
-//! client, or cut at a deadline), and one that re-frames an SSE stream one event per frame.
+//! client, or cut at a deadline), one that re-frames an SSE stream one event per frame, and the
+//! two that make a chat stream end either complete or with an error event: one fails a stream
+//! that stopped before its end (so the observers after it see a failure), the other turns a
+//! failure into the OpenAI-format error event that ends the body.
 //!
-//! Both stream: they never hold more than the event being assembled.
+//! They stream: they never hold more than the event being assembled.
 
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -11,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::openai::sse::SseSplitter;
+use crate::openai::sse::{Ending, SseSplitter, StreamProgress};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -323,6 +327,148 @@ where
     }
 }
 
+/// A chat stream that stopped without a finish reason or `[DONE]`.
+#[derive(Debug, thiserror::Error)]
+#[error("the stream ended before its end (no finish reason and no [DONE])")]
+pub struct EndedEarly;
+
+/// A chat stream that carried an error event: the client was told (the event's code and
+/// message).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ToldError(pub String);
+
+pin_project! {
+    /// Fails a chat stream (one event per frame) that did not end complete: one that stopped
+    /// early ends with [`EndedEarly`], one that carried an error event with [`ToldError`] (also
+    /// when it then failed). The observers after it see the failure.
+    pub struct CheckedEnd<B> {
+        #[pin]
+        inner: B,
+        progress: StreamProgress,
+        ended: bool,
+    }
+}
+
+impl<B> CheckedEnd<B> {
+    pub fn new(inner: B) -> Self {
+        CheckedEnd {
+            inner,
+            progress: StreamProgress::default(),
+            ended: false,
+        }
+    }
+}
+
+impl<B> Body for CheckedEnd<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
+        let failure: BoxError = match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.progress.see(data);
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Some(Err(e)) => match this.progress.ending() {
+                Ending::Failed(told) => Box::new(ToldError(told)),
+                Ending::Complete | Ending::Early => e.into(),
+            },
+            None => match this.progress.ending() {
+                Ending::Complete => return Poll::Ready(None),
+                Ending::Failed(told) => Box::new(ToldError(told)),
+                Ending::Early => Box::new(EndedEarly),
+            },
+        };
+        *this.ended = true;
+        Poll::Ready(Some(Err(failure)))
+    }
+}
+
+/// Why a stream ended in an error after its headers went: set once by the body that ended it,
+/// read by the access log (through the response's extensions).
+#[derive(Debug, Clone, Default)]
+pub struct StreamFault(Arc<OnceLock<String>>);
+
+impl StreamFault {
+    pub fn set(&self, cause: String) {
+        let _ = self.0.set(cause);
+    }
+
+    pub fn get(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+type OnFailure = Box<dyn FnOnce(BoxError) -> Option<Bytes> + Send>;
+
+pin_project! {
+    /// Ends a body that fails with the event `on_failure` makes of the failure (`None`: the
+    /// client was told already), then the end of the body: the client reads a whole body
+    /// whose last event says what went wrong, never an aborted one.
+    pub struct ErrorEventEnd<B> {
+        #[pin]
+        inner: B,
+        on_failure: Option<OnFailure>,
+    }
+}
+
+impl<B> ErrorEventEnd<B> {
+    pub fn new(
+        inner: B,
+        on_failure: impl FnOnce(BoxError) -> Option<Bytes> + Send + 'static,
+    ) -> Self {
+        ErrorEventEnd {
+            inner,
+            on_failure: Some(Box::new(on_failure)),
+        }
+    }
+}
+
+impl<B> Body for ErrorEventEnd<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        // After the failure: the body has ended.
+        if this.on_failure.is_none() {
+            return Poll::Ready(None);
+        }
+        match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
+            None => Poll::Ready(None),
+            Some(Err(e)) => {
+                let event = this
+                    .on_failure
+                    .take()
+                    .and_then(|on_failure| on_failure(e.into()));
+                Poll::Ready(event.map(|event| Ok(Frame::data(event))))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +540,58 @@ mod tests {
             *seen.lock().unwrap(),
             vec![BodyEnd::Complete, BodyEnd::Dropped]
         );
+    }
+
+    /// What a body gives until its end: its data, and the error that ended it, if any.
+    async fn drain<B>(body: B) -> (String, Option<BoxError>)
+    where
+        B: Body<Data = Bytes, Error = BoxError>,
+    {
+        let mut body = std::pin::pin!(body);
+        let mut data = String::new();
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => data.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap()),
+                Err(e) => return (data, Some(e)),
+            }
+        }
+        (data, None)
+    }
+
+    const ROLE: &[u8] =
+        b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\n";
+    const FINISH: &[u8] = b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+    const ERROR: &[u8] = b"data: {\"error\":{\"message\":\"no\",\"code\":\"x\"}}\n\n";
+
+    #[tokio::test]
+    async fn a_chat_stream_fails_unless_it_ends_complete() {
+        for complete in [&[ROLE, FINISH][..], &[ROLE, b"data: [DONE]\n\n"]] {
+            let (_, failure) = drain(CheckedEnd::new(stream_of(complete))).await;
+            assert!(failure.is_none());
+        }
+        let (data, failure) = drain(CheckedEnd::new(stream_of(&[ROLE]))).await;
+        assert_eq!(data.as_bytes(), ROLE);
+        assert!(failure.unwrap().is::<EndedEarly>());
+        let (_, failure) = drain(CheckedEnd::new(stream_of(&[ROLE, ERROR]))).await;
+        assert_eq!(failure.unwrap().to_string(), "x: no");
+    }
+
+    #[tokio::test]
+    async fn a_failed_body_ends_with_the_event_made_of_its_failure() {
+        let failing = CheckedEnd::new(stream_of(&[ROLE]));
+        let body = ErrorEventEnd::new(failing, |e| Some(Bytes::from(format!("data: {e}\n\n"))));
+        let (data, failure) = drain(body).await;
+        assert!(failure.is_none());
+        let expected = format!(
+            "{}data: {EndedEarly}\n\n",
+            std::str::from_utf8(ROLE).unwrap()
+        );
+        assert_eq!(data, expected);
+        // Told already: nothing is added.
+        let told = ErrorEventEnd::new(CheckedEnd::new(stream_of(&[ROLE, ERROR])), |_| None);
+        let (data, failure) = drain(told).await;
+        assert!(failure.is_none());
+        assert!(data.ends_with(std::str::from_utf8(ERROR).unwrap()));
     }
 
     #[tokio::test(start_paused = true)]

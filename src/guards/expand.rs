@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
-use crate::openai::sse::{SseSplitter, event_data, event_too_large_event};
+use crate::openai::sse::{Ending, SseSplitter, StreamProgress, event_too_large_event};
 
 /// The SSE comment that ends an expanded stream, before the names of the tools defined (headers
 /// are gone by then).
@@ -118,8 +118,8 @@ pub struct ExpandStream {
     usage_event: Option<Bytes>,
     usage: Option<Value>,
     done: bool,
-    /// The part carried an error event.
-    failed: bool,
+    /// How the current part is ending, from its events.
+    progress: StreamProgress,
 }
 
 impl ExpandStream {
@@ -145,7 +145,7 @@ impl ExpandStream {
             usage_event: None,
             usage: None,
             done: false,
-            failed: false,
+            progress: StreamProgress::default(),
         }
     }
 
@@ -168,7 +168,7 @@ impl ExpandStream {
         if let Some(raw) = self.splitter.finish() {
             self.relay_event(raw, &mut out);
         }
-        if self.failed {
+        if matches!(self.ending(), Ending::Failed(_)) {
             // The client was told the answer failed: no call of it, stub or not, follows.
             self.held.clear();
         } else if !self.called.is_empty() {
@@ -210,9 +210,17 @@ impl ExpandStream {
         self.holding = false;
         self.usage_event = None;
         self.done = false;
+        self.progress = StreamProgress::default();
+    }
+
+    /// How the current part ended (after [`ExpandStream::end_part`]): complete, failed with an
+    /// error event, or early.
+    pub fn ending(&self) -> Ending {
+        self.progress.ending()
     }
 
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
+        self.progress.see(&raw);
         let mut chunk = match chunk::read(&raw) {
             Event::Done => {
                 self.done = true;
@@ -221,7 +229,6 @@ impl ExpandStream {
             Event::Chunk(chunk) => chunk,
             Event::Other => {
                 // An error event ends the answer for the client: nothing is asked again.
-                self.failed |= event_data(&raw).is_some_and(|data| data.contains("\"error\""));
                 out.push(raw);
                 return;
             }

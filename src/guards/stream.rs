@@ -11,7 +11,7 @@ use super::chunk::{self, Event, event, has_delta, restamp, set_delta, set_finish
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{SseSplitter, event_too_large_event};
+use crate::openai::sse::{Ending, SseSplitter, StreamProgress, event_too_large_event};
 
 /// What to do with a piece of a part's body.
 #[derive(Debug, PartialEq, Eq)]
@@ -89,6 +89,8 @@ struct Part {
     held: Option<Value>,
     /// The part gave a finish reason.
     finished: bool,
+    /// How the part is ending, from its events.
+    progress: StreamProgress,
 }
 
 impl Part {
@@ -102,6 +104,7 @@ impl Part {
             decided: index == 0,
             held: None,
             finished: false,
+            progress: StreamProgress::default(),
         }
     }
 }
@@ -163,6 +166,12 @@ impl<'a> StreamRewriter<'a> {
             events,
             next: self.next(),
         }
+    }
+
+    /// How the current part ended (after [`StreamRewriter::end_part`]): complete, failed with
+    /// an error event, or early.
+    pub fn ending(&self) -> Ending {
+        self.part.progress.ending()
     }
 
     /// The upstream is sending the next part (after [`Next::Continue`]).
@@ -232,6 +241,7 @@ impl<'a> StreamRewriter<'a> {
 
     /// One event of the current part: what of it goes to the client is added to `out`.
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
+        self.part.progress.see(&raw);
         // Comments, errors and shapes it does not know go out untouched.
         let mut chunk = match chunk::read(&raw) {
             Event::Done => {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{SharedState, read_body};
 use crate::auth::{Tenant, authenticate};
-use crate::body::{BodyEnd, ObservedBody};
+use crate::body::{BodyEnd, ObservedBody, StreamFault};
 use crate::error::ProxyError;
 use crate::metrics::Route;
 
@@ -67,6 +67,7 @@ pub async fn observe(
         next.run(request).await
     };
     exchange.responded(response.status());
+    exchange.fault = response.extensions().get::<StreamFault>().cloned();
     response.headers_mut().insert(X_REQUEST_ID, request_id);
     let (parts, body) = response.into_parts();
     let body = ObservedBody::new(body, None, move |end: BodyEnd| {
@@ -92,6 +93,8 @@ struct Exchange {
     /// Set once the response headers exist (and counted then).
     status: Option<StatusCode>,
     end: Option<BodyEnd>,
+    /// Why a stream ended with an error event, once it did.
+    fault: Option<StreamFault>,
 }
 
 impl Exchange {
@@ -108,6 +111,7 @@ impl Exchange {
             permit: None,
             status: None,
             end: None,
+            fault: None,
         }
     }
 
@@ -144,19 +148,39 @@ impl Drop for Exchange {
             .request_duration
             .with_label_values(&[self.route.as_str()])
             .observe(elapsed.as_secs_f64());
-        if !matches!(self.route, Route::Healthz | Route::Readyz | Route::Metrics) {
-            tracing::info!(
-                target: "ctxproxy::access",
-                request_id = self.request_id.to_str().unwrap_or("-"),
-                tenant = self.tenant.as_ref().map_or("-", Tenant::as_str),
-                method = %self.method,
-                path = self.path,
-                status = status.as_u16(),
-                duration_ms = elapsed.as_secs_f64() * 1000.0,
-                end = ?self.end,
-            );
+        if matches!(self.route, Route::Healthz | Route::Readyz | Route::Metrics) {
+            return;
+        }
+        // A stream that ended with an error event had a whole body, but failed.
+        let cause = self.fault.as_ref().and_then(StreamFault::get);
+        let end = cause.map_or(self.end, |_| Some(BodyEnd::Failed));
+        macro_rules! access_line {
+            ($level:expr) => {
+                tracing::event!(
+                    target: "ctxproxy::access",
+                    $level,
+                    request_id = self.request_id.to_str().unwrap_or("-"),
+                    tenant = self.tenant.as_ref().map_or("-", Tenant::as_str),
+                    method = %self.method,
+                    path = self.path,
+                    status = status.as_u16(),
+                    duration_ms = elapsed.as_secs_f64() * 1000.0,
+                    end = ?end,
+                    cause = cause.unwrap_or("-"),
+                )
+            };
+        }
+        if failed(end) {
+            access_line!(tracing::Level::WARN);
+        } else {
+            access_line!(tracing::Level::INFO);
         }
     }
+}
+
+/// A response that failed after its head: logged at WARN.
+fn failed(end: Option<BodyEnd>) -> bool {
+    matches!(end, Some(BodyEnd::Failed | BodyEnd::DeadlineExceeded))
 }
 
 /// Authenticates, reads a chat request's body (within `body_read_timeout`), then waits for a

@@ -67,7 +67,7 @@ pub async fn forward(
             ProxyError::BodyTooLarge { .. } => ProxyError::BodyTooLarge { limit },
             other => other,
         })?;
-    Ok(upstream.relay(answer, &state.metrics, None, None))
+    Ok(upstream.relay(answer, &state.metrics, None))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

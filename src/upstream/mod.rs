@@ -18,7 +18,10 @@ use tokio::time::Instant;
 
 pub use headers::{apply_upstream_auth, end_to_end, is_event_stream};
 
-use crate::body::{BodyEnd, BodyObserver, DropFrames, ObservedBody, SseEventBody, TapBody};
+use crate::body::{
+    BodyEnd, BodyObserver, BoxError, CheckedEnd, DeadlineExceeded, DropFrames, EndedEarly,
+    ErrorEventEnd, ObservedBody, SseEventBody, StreamFault, TapBody, ToldError,
+};
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, UpstreamError};
@@ -106,7 +109,7 @@ impl Upstream {
     }
 
     /// Sends a request and waits for the response head (first byte), retrying connect failures
-    /// of buffered requests.
+    /// of buffered requests; the answer has the whole total timeout.
     pub async fn send(
         &self,
         method: Method,
@@ -115,13 +118,25 @@ impl Upstream {
         body: OutgoingBody,
         metrics: &Metrics,
     ) -> Result<UpstreamResponse, ProxyError> {
+        let deadline = Instant::now() + self.config.total_timeout;
+        self.send_by(method, uri, headers, body, metrics, deadline)
+            .await
+    }
+
+    /// [`Upstream::send`] as a part of a request that must end by `deadline` (the request's
+    /// total timeout, counted from its first call): the head must come within the first-byte
+    /// timeout and by `deadline`, and the answer's deadline is `deadline`.
+    pub async fn send_by(
+        &self,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: OutgoingBody,
+        metrics: &Metrics,
+        deadline: Instant,
+    ) -> Result<UpstreamResponse, ProxyError> {
         let started = Instant::now();
-        let deadline = started + self.config.total_timeout;
-        let first_byte_deadline = started
-            + self
-                .config
-                .first_byte_timeout
-                .min(self.config.total_timeout);
+        let first_byte_deadline = (started + self.config.first_byte_timeout).min(deadline);
         let (attempts, buffered, mut streaming) = match body {
             OutgoingBody::Buffered(bytes) => (1 + self.config.connect_retries, Some(bytes), None),
             OutgoingBody::Streaming(body) => (1, None, Some(body)),
@@ -151,10 +166,14 @@ impl Upstream {
                 }
                 Err(_elapsed) => {
                     self.count_error(metrics, UpstreamError::Timeout);
-                    return Err(ProxyError::UpstreamTimeout {
-                        upstream: self.config.name.clone(),
-                        phase: "first byte",
-                        timeout_ms: (first_byte_deadline - started).as_millis(),
+                    return Err(if first_byte_deadline < deadline {
+                        ProxyError::UpstreamTimeout {
+                            upstream: self.config.name.clone(),
+                            phase: "first byte",
+                            timeout_ms: self.config.first_byte_timeout.as_millis(),
+                        }
+                    } else {
+                        self.total_timeout()
                     });
                 }
                 Ok(Err(e)) if e.is_connect() && attempt < attempts => {
@@ -167,7 +186,7 @@ impl Upstream {
                         return Err(ProxyError::BodyTooLarge { limit: 0 });
                     }
                     // The client's streamed body took longer than `body_read_timeout_ms`.
-                    if find_source::<crate::body::DeadlineExceeded>(&e).is_some() {
+                    if find_source::<DeadlineExceeded>(&e).is_some() {
                         return Err(ProxyError::BodyTimeout);
                     }
                     let connect = e.is_connect();
@@ -239,7 +258,16 @@ impl Upstream {
             })?
     }
 
-    fn count_error(&self, metrics: &Metrics, kind: UpstreamError) {
+    /// The request's total timeout passed.
+    pub fn total_timeout(&self) -> ProxyError {
+        ProxyError::UpstreamTimeout {
+            upstream: self.config.name.clone(),
+            phase: "total",
+            timeout_ms: self.config.total_timeout.as_millis(),
+        }
+    }
+
+    pub fn count_error(&self, metrics: &Metrics, kind: UpstreamError) {
         metrics
             .upstream_errors
             .with_label_values(&[self.config.name.as_str(), kind.as_str()])
@@ -247,13 +275,17 @@ impl Upstream {
     }
 }
 
-/// `e` and its sources, joined: hyper's top-level messages alone say little.
+/// `e` and its sources, joined: hyper's top-level messages alone say little (a source that an
+/// outer message already quotes is not repeated).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let said = s.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = s.source();
     }
     text
@@ -277,17 +309,34 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     find_source::<std::io::Error>(e).is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
 }
 
+/// What the chat route adds to a relay: the observers of the answer, and the SSE events the
+/// client does not get.
+#[derive(Default)]
+pub struct ChatRelay {
+    pub observer: Option<Box<dyn BodyObserver>>,
+    pub drop_event: Option<fn(&[u8]) -> bool>,
+}
+
+/// The upstream's stream stopped; `cause` says how.
+pub fn interrupted(upstream: &str, cause: &(dyn std::error::Error + 'static)) -> ProxyError {
+    ProxyError::UpstreamStreamInterrupted {
+        upstream: upstream.to_owned(),
+        reason: error_chain(cause),
+    }
+}
+
 impl Upstream {
     /// The client's response: the upstream's status, end-to-end headers and body, streamed, with
-    /// the total deadline applied and SSE re-framed one event per frame.
-    /// `drop_event` leaves matching SSE events out of what the client receives (after the
-    /// observer saw them).
+    /// the total deadline applied and SSE re-framed one event per frame. `chat`: the answer to a
+    /// chat completion, shown to its observer, with the events `drop_event` picks left out of
+    /// what the client receives (after the observer saw them); a successful stream of it ends
+    /// complete or with an error event, never cut (its cause in the response's
+    /// [`StreamFault`] extension).
     pub fn relay(
         &self,
         answer: UpstreamResponse,
         metrics: &Metrics,
-        observer: Option<Box<dyn BodyObserver>>,
-        drop_event: Option<fn(&[u8]) -> bool>,
+        chat: Option<ChatRelay>,
     ) -> Response<Body> {
         let UpstreamResponse {
             response,
@@ -297,6 +346,7 @@ impl Upstream {
         let (mut parts, body) = response.into_parts();
         parts.headers = end_to_end(&parts.headers);
         let is_sse = is_event_stream(&parts.headers);
+        let checked = is_sse && chat.is_some() && parts.status.is_success();
         let duration = metrics
             .upstream_duration
             .with_label_values(&[self.config.name.as_str()]);
@@ -313,6 +363,18 @@ impl Upstream {
                 .with_label_values(&[name.as_str(), kind.as_str()])
                 .inc();
         });
+        let ChatRelay {
+            observer,
+            drop_event,
+        } = chat.unwrap_or_default();
+        if !is_sse {
+            let body = match observer {
+                Some(observer) => Body::new(TapBody::new(observed, observer)),
+                None => Body::new(observed),
+            };
+            return Response::from_parts(parts, body);
+        }
+        parts.headers.remove(axum::http::header::CONTENT_LENGTH);
         let max_event = self.config.max_event_bytes;
         let too_large = {
             let errors = metrics.upstream_errors.clone();
@@ -324,23 +386,61 @@ impl Upstream {
                     .inc();
             }
         };
-        let body = match (is_sse, observer) {
-            (true, Some(observer)) => {
-                parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-                let tapped =
-                    TapBody::new(SseEventBody::new(observed, max_event, too_large), observer);
-                match drop_event {
-                    Some(drop) => Body::new(DropFrames::new(tapped, drop)),
-                    None => Body::new(tapped),
-                }
-            }
-            (true, None) => {
-                parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-                Body::new(SseEventBody::new(observed, max_event, too_large))
-            }
-            (false, Some(observer)) => Body::new(TapBody::new(observed, observer)),
-            (false, None) => Body::new(observed),
+        let framed = SseEventBody::new(observed, max_event, too_large);
+        let framed = if checked {
+            Body::new(CheckedEnd::new(framed))
+        } else {
+            Body::new(framed)
+        };
+        let tapped = match observer {
+            Some(observer) => Body::new(TapBody::new(framed, observer)),
+            None => framed,
+        };
+        let kept = match drop_event {
+            Some(drop) => Body::new(DropFrames::new(tapped, drop)),
+            None => tapped,
+        };
+        let body = if checked {
+            let fault = StreamFault::default();
+            parts.extensions.insert(fault.clone());
+            Body::new(ErrorEventEnd::new(
+                kept,
+                self.stream_failure(metrics, fault),
+            ))
+        } else {
+            kept
         };
         Response::from_parts(parts, body)
+    }
+
+    /// What a chat stream's failure becomes: the error event that ends it (none when the client
+    /// was told already), its cause noted in `fault`; a stream that stopped early is counted
+    /// as a failed body.
+    fn stream_failure(
+        &self,
+        metrics: &Metrics,
+        fault: StreamFault,
+    ) -> impl FnOnce(BoxError) -> Option<Bytes> + Send + 'static {
+        let errors = metrics.upstream_errors.clone();
+        let name = self.config.name.clone();
+        let timeout = self.total_timeout();
+        move |failure| {
+            if let Some(told) = find_source::<ToldError>(&*failure) {
+                fault.set(told.0.clone());
+                return None;
+            }
+            let error = if find_source::<DeadlineExceeded>(&*failure).is_some() {
+                timeout
+            } else {
+                if find_source::<EndedEarly>(&*failure).is_some() {
+                    errors
+                        .with_label_values(&[name.as_str(), UpstreamError::Body.as_str()])
+                        .inc();
+                }
+                interrupted(&name, &*failure)
+            };
+            fault.set(format!("{}: {error}", error.code()));
+            Some(error.sse_event())
+        }
     }
 }

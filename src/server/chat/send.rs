@@ -21,7 +21,7 @@ use crate::server::guarded::{self, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
 use crate::server::sticky::StickyUpdate;
 use crate::upstream::{
-    OutgoingBody, UpstreamResponse, apply_upstream_auth, end_to_end, is_event_stream,
+    ChatRelay, OutgoingBody, UpstreamResponse, apply_upstream_auth, end_to_end, is_event_stream,
 };
 
 /// What the caches said.
@@ -140,11 +140,14 @@ impl ChatCall<'_> {
         // Optimize mode only: a call to a stub is asked again with the tool in full, and the
         // agent guards ask again with what was sent.
         let optimize = self.mode == Mode::Optimize;
+        // One deadline for the whole answer the client sees: every re-ask gets what is left.
+        let deadline = tokio::time::Instant::now() + upstream.config.total_timeout;
         let mut body = body;
         let sent = Sent {
             uri: &uri,
             headers: &headers,
             body: &body,
+            deadline,
         };
         let mut expansion = outgoing
             .with_stubs
@@ -165,6 +168,7 @@ impl ChatCall<'_> {
             uri: &uri,
             headers: &headers,
             body: &body,
+            deadline,
         };
         let mut guard = optimize
             .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
@@ -172,12 +176,13 @@ impl ChatCall<'_> {
         let first = body.clone();
         let sent_at = Instant::now();
         let answer = upstream
-            .send(
+            .send_by(
                 Method::POST,
                 uri,
                 headers,
                 OutgoingBody::Buffered(body),
                 &state.metrics,
+                deadline,
             )
             .await?;
         let (saving, sent_tokens) = (outgoing.saving, outgoing.sent_tokens);
@@ -262,11 +267,11 @@ impl ChatCall<'_> {
                 )));
             }
         }
-        let observer = (!observers.is_empty())
-            .then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>);
-        let drop_usage_event =
-            strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool);
-        self.upstream
-            .relay(answer, &state.metrics, observer, drop_usage_event)
+        let chat = ChatRelay {
+            observer: (!observers.is_empty())
+                .then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>),
+            drop_event: strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool),
+        };
+        self.upstream.relay(answer, &state.metrics, Some(chat))
     }
 }

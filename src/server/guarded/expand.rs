@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::http::response::Parts;
 use axum::http::{HeaderMap, Method, Response, Uri, header};
 use bytes::Bytes;
 use serde_json::Value;
@@ -31,6 +32,8 @@ pub struct ExpandCall {
     upstream: Arc<Upstream>,
     uri: Uri,
     headers: HeaderMap,
+    /// The request's deadline: every re-ask ends by it.
+    deadline: tokio::time::Instant,
     request: ChatRequest,
     client_tools: Vec<Tool>,
     /// The tools `request` offers as stubs.
@@ -75,6 +78,7 @@ impl ExpandCall {
             upstream: upstream.clone(),
             uri: sent.uri.clone(),
             headers: sent.headers.clone(),
+            deadline: sent.deadline,
             request,
             client_tools,
             stubs,
@@ -140,12 +144,13 @@ impl ExpandCall {
         let mut headers = self.headers.clone();
         headers.remove(header::CONTENT_LENGTH);
         self.upstream
-            .send(
+            .send_by(
                 Method::POST,
                 self.uri.clone(),
                 headers,
                 OutgoingBody::Buffered(body),
                 &self.state.metrics,
+                self.deadline,
             )
             .await
     }
@@ -205,7 +210,7 @@ async fn expand_json(
     answer: UpstreamResponse,
     mut sent: Bytes,
 ) -> Result<Expanded, ProxyError> {
-    let (mut parts, bytes, started) = read_whole(&call.upstream.config, answer).await?;
+    let (mut parts, bytes, started) = read_whole(&call.upstream, answer).await?;
     let total_timeout = call.upstream.config.total_timeout;
     let done = |parts, bytes: Bytes, expanded, sent| Expanded {
         answer: UpstreamResponse {
@@ -229,32 +234,21 @@ async fn expand_json(
         }
         sent = call.define(&called)?;
         expanded.extend(called);
-        let next = match call.ask(sent.clone()).await {
-            Ok(next) => next,
+        let (next_parts, next_answer) = match ask_json(&call, sent.clone()).await {
+            Ok(Reasked::Answer(parts, answer)) => (parts, answer),
+            // An upstream error to a re-ask is the client's answer: never the call to a stub.
+            Ok(Reasked::Refused(answer)) => {
+                call.count(ExpansionOutcome::Error, expanding);
+                return Ok(Expanded {
+                    answer,
+                    expanded,
+                    sent,
+                });
+            }
             Err(e) => {
                 call.count(ExpansionOutcome::Error, expanding);
                 return Err(e);
             }
-        };
-        // An upstream error to a re-ask is the client's answer: never the call to a stub.
-        if !next.response.status().is_success() {
-            call.count(ExpansionOutcome::Error, expanding);
-            return Ok(Expanded {
-                answer: next,
-                expanded,
-                sent,
-            });
-        }
-        let (next_parts, next_bytes, _) = match read_whole(&call.upstream.config, next).await {
-            Ok(read) => read,
-            Err(e) => {
-                call.count(ExpansionOutcome::Error, expanding);
-                return Err(e);
-            }
-        };
-        let Ok(next_answer) = serde_json::from_slice::<Value>(&next_bytes) else {
-            call.count(ExpansionOutcome::Error, expanding);
-            return Ok(done(next_parts, next_bytes, expanded, sent));
         };
         parts = next_parts;
         earlier.push(std::mem::replace(&mut answer, next_answer));
@@ -269,6 +263,30 @@ async fn expand_json(
     Ok(done(parts, Bytes::from(body), expanded, sent))
 }
 
+/// The answer to a JSON re-ask.
+enum Reasked {
+    Answer(Parts, Value),
+    /// An upstream error status: the client gets it as it came.
+    Refused(UpstreamResponse),
+}
+
+/// Asks again with `sent` and reads the answer whole; one that is not JSON is an error (a 502),
+/// as is one that fails or comes too late.
+async fn ask_json(call: &ExpandCall, sent: Bytes) -> Result<Reasked, ProxyError> {
+    let next = call.ask(sent).await?;
+    if !next.response.status().is_success() {
+        return Ok(Reasked::Refused(next));
+    }
+    let (parts, bytes, _) = read_whole(&call.upstream, next).await?;
+    let answer = serde_json::from_slice::<Value>(&bytes).map_err(|e| {
+        ProxyError::UpstreamInvalidResponse {
+            upstream: call.upstream.config.name.clone(),
+            reason: format!("the answer to a re-ask with a tool's definition is not JSON ({e})"),
+        }
+    })?;
+    Ok(Reasked::Answer(parts, answer))
+}
+
 /// A streamed answer through the pure [`ExpandStream`], in a task: text and calls of full tools
 /// go out as they come, and a call to a stub is asked again in the same stream.
 fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Expanded {
@@ -277,9 +295,8 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
     let (started, deadline) = (answer.started, answer.deadline);
     let (mut parts, body) = answer.response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
-    // Each re-ask has the whole total timeout of its own.
-    let max = call.state.config.pipeline.tools.max_expansions;
-    let deadline = started + (deadline - started) * (1 + max);
+    // The relay applies the request's deadline to every part: a stalled one ends the stream
+    // with an error event.
     let body = channel_body(|events| async move { relay(call, body, &events).await });
     Expanded {
         answer: UpstreamResponse {

@@ -17,13 +17,12 @@ pub(super) async fn guard_json(
     call: &GuardCall,
     answer: UpstreamResponse,
 ) -> Result<(UpstreamResponse, Flags), ProxyError> {
-    let upstream = &call.upstream.config;
-    let (mut parts, bytes, started) = read_whole(upstream, answer).await?;
+    let (mut parts, bytes, started) = read_whole(&call.upstream, answer).await?;
     // The answer is in memory: the relay's deadline restarts (continuations took their time).
     let rebuilt = |parts: axum::http::response::Parts, bytes: Bytes| UpstreamResponse {
         response: Response::from_parts(parts, Body::from(bytes)),
         started,
-        deadline: tokio::time::Instant::now() + upstream.total_timeout,
+        deadline: tokio::time::Instant::now() + call.upstream.config.total_timeout,
     };
     let Ok(mut completion) = serde_json::from_slice::<Value>(&bytes) else {
         return Ok((rebuilt(parts, bytes), Flags::default()));

@@ -19,9 +19,9 @@ use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::SharedState;
-use crate::config::UpstreamConfig;
 use crate::error::ProxyError;
 use crate::guards::Guards;
 use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
@@ -42,18 +42,21 @@ pub struct GuardCall {
     uri: Uri,
     headers: HeaderMap,
     sent: Bytes,
+    /// The request's deadline: every re-ask ends by it.
+    deadline: Instant,
     budget: Option<Budget>,
     tools_offered: bool,
     /// The client's tools, for a retry (only when retries are on).
     client_tools: Option<Value>,
 }
 
-/// The request as it was sent upstream.
+/// The request as it was sent upstream, and when the whole answer must have arrived.
 #[derive(Clone, Copy)]
 pub struct Sent<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
+    pub deadline: Instant,
 }
 
 /// The request's token budget, and the encoding its continuation requests are counted in.
@@ -111,6 +114,7 @@ impl GuardCall {
             uri: sent.uri.clone(),
             headers: sent.headers.clone(),
             sent: sent.body.clone(),
+            deadline: sent.deadline,
             budget: budget.map(|max_tokens| Budget {
                 max_tokens,
                 encoding,
@@ -136,12 +140,13 @@ impl GuardCall {
         headers.remove(header::CONTENT_LENGTH);
         let answer = self
             .upstream
-            .send(
+            .send_by(
                 Method::POST,
                 self.uri.clone(),
                 headers,
                 OutgoingBody::Buffered(Bytes::from(body)),
                 &self.state.metrics,
+                self.deadline,
             )
             .await
             .ok()?;
@@ -198,21 +203,17 @@ fn too_large(answer: &UpstreamResponse) -> bool {
 /// Reads a JSON answer whole (at most `MAX_JSON_BYTES`, by its deadline): its parts, its body
 /// and when it was asked.
 async fn read_whole(
-    upstream: &UpstreamConfig,
+    upstream: &Upstream,
     answer: UpstreamResponse,
-) -> Result<(Parts, Bytes, tokio::time::Instant), ProxyError> {
+) -> Result<(Parts, Bytes, Instant), ProxyError> {
     let (started, deadline) = (answer.started, answer.deadline);
     let (parts, body) = answer.response.into_parts();
     let read = Limited::new(body, MAX_JSON_BYTES).collect();
     let bytes = tokio::time::timeout_at(deadline, read)
         .await
-        .map_err(|_| ProxyError::UpstreamTimeout {
-            upstream: upstream.name.clone(),
-            phase: "total",
-            timeout_ms: (deadline - started).as_millis(),
-        })?
+        .map_err(|_| upstream.total_timeout())?
         .map_err(|e| ProxyError::UpstreamUnreachable {
-            upstream: upstream.name.clone(),
+            upstream: upstream.config.name.clone(),
             reason: format!("cannot read the answer: {e}"),
         })?
         .to_bytes();

@@ -1,6 +1,8 @@
 //! What the stream tasks of the guards and of the expansion share: a channel body the client
 //! reads, and a pump that feeds one upstream part to a pure rewriter and forwards what it gives
-//! back.
+//! back. A part that fails (reset, or ended before its end) ends the answer with an error
+//! event, and nothing the task would add (usage, comments, `[DONE]`) follows it; a part that
+//! stalls is cut by the relay's deadline, the request's.
 
 use std::future::Future;
 
@@ -9,10 +11,12 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
+use crate::body::EndedEarly;
 use crate::guards::expand::{self, ExpandStream};
 use crate::guards::stream::{self, Relay, StreamRewriter};
 use crate::metrics::{Metrics, UpstreamError};
-use crate::upstream::Upstream;
+use crate::openai::sse::Ending;
+use crate::upstream::{Upstream, interrupted};
 
 pub type Events = mpsc::Sender<Result<Bytes, std::io::Error>>;
 
@@ -21,6 +25,8 @@ pub trait PartRewriter {
     type End;
     fn push(&mut self, data: &[u8]) -> Relay;
     fn end_part(&mut self) -> Self::End;
+    /// How the current part ended (after [`PartRewriter::end_part`]).
+    fn ending(&self) -> Ending;
 }
 
 impl PartRewriter for StreamRewriter<'_> {
@@ -33,6 +39,10 @@ impl PartRewriter for StreamRewriter<'_> {
     fn end_part(&mut self) -> stream::PartEnd {
         StreamRewriter::end_part(self)
     }
+
+    fn ending(&self) -> Ending {
+        StreamRewriter::ending(self)
+    }
 }
 
 impl PartRewriter for ExpandStream {
@@ -44,6 +54,10 @@ impl PartRewriter for ExpandStream {
 
     fn end_part(&mut self) -> expand::PartEnd {
         ExpandStream::end_part(self)
+    }
+
+    fn ending(&self) -> Ending {
+        ExpandStream::ending(self)
     }
 }
 
@@ -62,8 +76,8 @@ where
 }
 
 /// Feeds one part's body to the rewriter and forwards what it gives back, until the part
-/// ends; `None` when the answer stops here (the client is gone, the upstream failed or sent
-/// an event too large: the client was told).
+/// ends; `None` when the answer stops here (the client is gone; the upstream failed, ended the
+/// part early, sent an error event or an event too large: the client was told).
 pub async fn pump<R: PartRewriter>(
     upstream: &Upstream,
     metrics: &Metrics,
@@ -89,24 +103,32 @@ pub async fn pump<R: PartRewriter>(
                     }
                     // Cut with an error event, counted like any upstream failure.
                     Relay::TooLarge(error) => {
-                        metrics
-                            .upstream_errors
-                            .with_label_values(&[
-                                upstream.config.name.as_str(),
-                                UpstreamError::EventTooLarge.as_str(),
-                            ])
-                            .inc();
+                        upstream.count_error(metrics, UpstreamError::EventTooLarge);
                         forward(events, error).await;
                         return None;
                     }
                 }
             }
-            // The upstream failed mid-answer: the client's stream fails too.
+            // The upstream failed mid-answer: the client's stream says so, and ends.
             Some(Err(e)) => {
-                let _ = events.send(Err(std::io::Error::other(e))).await;
+                upstream.count_error(metrics, UpstreamError::Body);
+                forward(events, interrupted(&upstream.config.name, &e).sse_event()).await;
                 return None;
             }
-            None => return Some(rewriter.end_part()),
+            None => {
+                let end = rewriter.end_part();
+                return match rewriter.ending() {
+                    Ending::Complete => Some(end),
+                    // Its error event went out as it came.
+                    Ending::Failed(_) => None,
+                    Ending::Early => {
+                        upstream.count_error(metrics, UpstreamError::Body);
+                        let error = interrupted(&upstream.config.name, &EndedEarly);
+                        forward(events, error.sse_event()).await;
+                        None
+                    }
+                };
+            }
         }
     }
 }

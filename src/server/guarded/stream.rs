@@ -11,18 +11,12 @@ use crate::guards::stream::{Finish, Next, PartEnd, StreamRewriter};
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::upstream::{UpstreamResponse, is_event_stream};
 
+/// The answer relayed by a task; its deadline stays the request's (the relay applies it to
+/// every part: a stalled part ends the stream with an error event).
 pub(super) fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> UpstreamResponse {
     let (started, deadline) = (answer.started, answer.deadline);
     let (mut parts, body) = answer.response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
-    // Each continuation part has the whole total timeout of its own.
-    let continuation = &call.guards().continuation;
-    let parts_allowed = if continuation.enabled {
-        1 + continuation.max_attempts
-    } else {
-        1
-    };
-    let deadline = started + (deadline - started) * parts_allowed;
     let body = channel_body(|events| async move { relay(&call, body, &events).await });
     UpstreamResponse {
         response: Response::from_parts(parts, body),
