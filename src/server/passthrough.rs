@@ -61,7 +61,14 @@ pub async fn forward(
     apply_upstream_auth(&mut headers, &upstream.config, state.config.auth_enabled());
     let uri = upstream.uri(&suffix)?;
     let answer = upstream
-        .send(parts.method, uri, headers, body, &state.metrics)
+        .send(
+            parts.method,
+            uri,
+            headers,
+            body,
+            &state.metrics,
+            upstream.deadline(),
+        )
         .await
         .map_err(|e| match e {
             ProxyError::BodyTooLarge { .. } => ProxyError::BodyTooLarge { limit },

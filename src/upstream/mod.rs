@@ -108,25 +108,17 @@ impl Upstream {
             .map_err(|e| ProxyError::InvalidBody(format!("cannot build the upstream URL: {e}")))
     }
 
-    /// Sends a request and waits for the response head (first byte), retrying connect failures
-    /// of buffered requests; the answer has the whole total timeout.
-    pub async fn send(
-        &self,
-        method: Method,
-        uri: Uri,
-        headers: HeaderMap,
-        body: OutgoingBody,
-        metrics: &Metrics,
-    ) -> Result<UpstreamResponse, ProxyError> {
-        let deadline = Instant::now() + self.config.total_timeout;
-        self.send_by(method, uri, headers, body, metrics, deadline)
-            .await
+    /// The deadline of a request that starts now: its whole answer, every part of it, must
+    /// have arrived by then.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.config.total_timeout
     }
 
-    /// [`Upstream::send`] as a part of a request that must end by `deadline` (the request's
-    /// total timeout, counted from its first call): the head must come within the first-byte
-    /// timeout and by `deadline`, and the answer's deadline is `deadline`.
-    pub async fn send_by(
+    /// Sends a request and waits for the response head (first byte), retrying connect failures
+    /// of buffered requests. `deadline` is the request's ([`Upstream::deadline`], taken when
+    /// its first part was asked): the head must come within the first-byte timeout and by
+    /// `deadline`, and the answer's deadline is `deadline`.
+    pub async fn send(
         &self,
         method: Method,
         uri: Uri,
@@ -237,6 +229,7 @@ impl Upstream {
                     headers,
                     OutgoingBody::Buffered(body),
                     metrics,
+                    self.deadline(),
                 )
                 .await?;
             let status = answer.response.status();

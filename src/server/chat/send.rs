@@ -141,7 +141,7 @@ impl ChatCall<'_> {
         // agent guards ask again with what was sent.
         let optimize = self.mode == Mode::Optimize;
         // One deadline for the whole answer the client sees: every re-ask gets what is left.
-        let deadline = tokio::time::Instant::now() + upstream.config.total_timeout;
+        let deadline = upstream.deadline();
         let mut body = body;
         let sent = Sent {
             uri: &uri,
@@ -176,7 +176,7 @@ impl ChatCall<'_> {
         let first = body.clone();
         let sent_at = Instant::now();
         let answer = upstream
-            .send_by(
+            .send(
                 Method::POST,
                 uri,
                 headers,

@@ -144,7 +144,7 @@ impl ExpandCall {
         let mut headers = self.headers.clone();
         headers.remove(header::CONTENT_LENGTH);
         self.upstream
-            .send_by(
+            .send(
                 Method::POST,
                 self.uri.clone(),
                 headers,

@@ -140,7 +140,7 @@ impl GuardCall {
         headers.remove(header::CONTENT_LENGTH);
         let answer = self
             .upstream
-            .send_by(
+            .send(
                 Method::POST,
                 self.uri.clone(),
                 headers,
