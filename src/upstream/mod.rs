@@ -60,8 +60,9 @@ pub enum OutgoingBody {
     Streaming(Body),
 }
 
-/// The upstream's answer, with the instant the request started (for the total deadline). The
-/// body is boxed so that a guard can replace it (a continued or repaired answer).
+/// The upstream's answer, with the instant it was asked and the deadline of the request it is a
+/// part of (the relay cuts the body there). The body is boxed so that a guard can replace it (a
+/// continued or repaired answer).
 pub struct UpstreamResponse {
     pub response: Response<Body>,
     pub started: Instant,
