@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounded::MemoryConfig;
 use crate::cache::CacheConfig;
 use crate::glob::glob_match;
 use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
@@ -61,6 +62,7 @@ pub struct RawConfig {
     pub pipeline: PipelineConfig,
     pub tools: ToolsConfig,
     pub store: StoreConfig,
+    pub memory: MemoryConfig,
     pub cache: CacheConfig,
     /// USD per million tokens, by model name or glob: what savings are worth.
     pub prices: BTreeMap<String, ModelPrice>,
@@ -260,6 +262,7 @@ pub struct Config {
     pub metrics_key: Option<[u8; 32]>,
     pub pipeline: PipelineConfig,
     pub store: StoreConfig,
+    pub memory: MemoryConfig,
     pub cache: CacheConfig,
     pub prices: BTreeMap<String, ModelPrice>,
     pub record: RecordConfig,
@@ -636,6 +639,9 @@ impl RawConfig {
         self.store
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        self.memory
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.cache
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
@@ -661,6 +667,7 @@ impl RawConfig {
             metrics_key,
             pipeline,
             store: self.store.clone(),
+            memory: self.memory.clone(),
             cache: self.cache.clone(),
             prices: self.prices.clone(),
             record: self.record.clone(),

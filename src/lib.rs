@@ -6,6 +6,7 @@ pub mod analyze; // `ctxproxy analyze`: the pipeline over recorded requests
 pub mod auth; // proxy keys → tenants
 pub mod bill; // the input bill with the provider's prompt cache, and what a rewrite saved
 pub mod body; // response body adapters (end observation, deadlines, SSE framing)
+pub mod bounded; // maps bounded in bytes (LRU, idle sweep): every in-process cache
 pub mod cache; // response caches: eligibility, keys, stream assembly and replay
 pub mod cli; // what the subcommands share: failures, config loading, the runtime
 pub mod config; // typed config, env overrides, validation

@@ -7,9 +7,12 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use bpe_openai::Tokenizer;
+
+use crate::bounded::SharedLru;
 use serde::{Deserialize, Serialize};
 
 use crate::openai::{ChatRequest, Content, Message, Tool};
@@ -26,8 +29,8 @@ const IMAGE_HIGH_DETAIL: usize = 85 + 170;
 /// Framing of each tool definition and of the tool list (OpenAI's published approximation).
 const TOKENS_PER_TOOL: usize = 7;
 const TOOLS_FRAMING: usize = 12;
-/// Entries kept in the count cache before it is cleared.
-const CACHE_CAPACITY: usize = 100_000;
+/// Bytes of one encoding's count cache when none is configured (`[memory]` sets it).
+const CACHE_BYTES: usize = 8 * 1024 * 1024;
 /// Texts at least this long have their counts cached (shorter ones are cheaper to count).
 const LONG_TEXT_BYTES: usize = 512;
 /// Seeds that keep message keys and text keys apart in the one cache.
@@ -87,9 +90,10 @@ impl Encoding {
         let tokenizer = self.tokenizer();
         let normalized = tokenizer.normalize(text);
         PIECE_COUNTS.with_borrow_mut(|cache| {
-            let cache = &mut cache[self as usize];
+            let cache = &mut cache.0[self as usize];
             if cache.len() >= PIECE_CACHE_CAPACITY {
-                cache.clear();
+                PIECE_CACHE_BYTES.fetch_sub(piece_cache_bytes(cache), Ordering::Relaxed);
+                *cache = PieceCache::default();
             }
             tokenizer
                 .split(normalized.as_str())
@@ -105,6 +109,7 @@ impl Encoding {
                     }
                     let count = tokenizer.bpe.count(piece.as_bytes());
                     cache.insert(piece.into(), count as u32);
+                    PIECE_CACHE_BYTES.fetch_add(PIECE_ENTRY_BYTES + piece.len(), Ordering::Relaxed);
                     count
                 })
                 .sum()
@@ -116,12 +121,37 @@ impl Encoding {
 const PIECE_CACHE_MAX_BYTES: usize = 24;
 /// Entries per thread and encoding before the piece cache is cleared (~3 MB).
 const PIECE_CACHE_CAPACITY: usize = 50_000;
+/// What a piece's entry costs beside its text: the boxed key, the count and the table's slot.
+const PIECE_ENTRY_BYTES: usize = std::mem::size_of::<(Box<str>, u32)>() + 16;
+/// Bytes held by the piece caches of every thread.
+static PIECE_CACHE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+fn piece_cache_bytes(cache: &PieceCache) -> usize {
+    cache.keys().map(|k| PIECE_ENTRY_BYTES + k.len()).sum()
+}
+
+/// Bytes held by the piece caches of every thread (bounded: `PIECE_CACHE_CAPACITY` pieces per
+/// thread and encoding, each at most `PIECE_CACHE_MAX_BYTES` long).
+pub fn piece_cache_bytes_total() -> usize {
+    PIECE_CACHE_BYTES.load(Ordering::Relaxed)
+}
 
 type PieceCache = HashMap<Box<str>, u32, foldhash::fast::RandomState>;
 
+/// One thread's piece caches, one per encoding; their bytes leave the total with the thread.
+#[derive(Default)]
+struct PieceCaches([PieceCache; 2]);
+
+impl Drop for PieceCaches {
+    fn drop(&mut self) {
+        let bytes = self.0.iter().map(piece_cache_bytes).sum();
+        PIECE_CACHE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 thread_local! {
     /// Token counts of pre-tokenized pieces, one map per encoding.
-    static PIECE_COUNTS: std::cell::RefCell<[PieceCache; 2]> = Default::default();
+    static PIECE_COUNTS: std::cell::RefCell<PieceCaches> = Default::default();
 }
 
 /// One counter per encoding, shared by all requests.
@@ -132,14 +162,31 @@ pub struct Tokenizers {
 
 impl Default for Tokenizers {
     fn default() -> Self {
-        Tokenizers {
-            o200k: TokenCounter::new(Encoding::O200kBase),
-            cl100k: TokenCounter::new(Encoding::Cl100kBase),
-        }
+        Tokenizers::new(2 * CACHE_BYTES, None)
     }
 }
 
 impl Tokenizers {
+    /// Counters whose count caches hold `max_bytes` together, dropping entries unused for
+    /// `idle`.
+    pub fn new(max_bytes: usize, idle: Option<Duration>) -> Tokenizers {
+        Tokenizers {
+            o200k: TokenCounter::bounded(Encoding::O200kBase, max_bytes / 2, idle),
+            cl100k: TokenCounter::bounded(Encoding::Cl100kBase, max_bytes / 2, idle),
+        }
+    }
+
+    /// Drops the counts no request used within the idle time.
+    pub fn sweep(&self, now: Instant) {
+        self.o200k.cache.sweep(now);
+        self.cl100k.cache.sweep(now);
+    }
+
+    /// Bytes held by the count caches.
+    pub fn bytes(&self) -> usize {
+        self.o200k.cache.bytes() + self.cl100k.cache.bytes()
+    }
+
     /// Loads both vocabularies now (~50 ms each) instead of on the first request.
     pub fn warm_up(&self) {
         self.o200k.text("warm up");
@@ -162,14 +209,18 @@ impl Tokenizers {
 /// Counts tokens for one encoding, with the per-message cache.
 pub struct TokenCounter {
     encoding: Encoding,
-    cache: Mutex<HashMap<u64, usize>>,
+    cache: SharedLru<u64, usize>,
 }
 
 impl TokenCounter {
     pub fn new(encoding: Encoding) -> Self {
+        TokenCounter::bounded(encoding, CACHE_BYTES, None)
+    }
+
+    fn bounded(encoding: Encoding, max_bytes: usize, idle: Option<Duration>) -> Self {
         TokenCounter {
             encoding,
-            cache: Mutex::new(HashMap::new()),
+            cache: SharedLru::new(max_bytes, idle),
         }
     }
 
@@ -219,17 +270,7 @@ impl TokenCounter {
 
     /// The count for `key`, computed by `count` on a miss.
     fn cached(&self, key: u64, count: impl FnOnce() -> usize) -> usize {
-        if let Some(&hit) = self.cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
-            return hit;
-        }
-        let value = count();
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= CACHE_CAPACITY {
-                cache.clear();
-            }
-            cache.insert(key, value);
-        }
-        value
+        self.cache.get_or_make(key, count, |_| 0)
     }
 
     fn count_message(&self, message: &Message) -> usize {

@@ -42,7 +42,7 @@ async fn behaves_like_a_store(backend: &impl Backend, prefix: &str) {
 
 #[tokio::test]
 async fn memory_backend_behaves_like_a_store() {
-    behaves_like_a_store(&MemoryBackend::new(100), "").await;
+    behaves_like_a_store(&MemoryBackend::new(100, 1 << 20), "").await;
 }
 
 #[tokio::test]

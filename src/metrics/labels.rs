@@ -208,3 +208,19 @@ mod tests {
         }
     }
 }
+
+label_set! {
+    /// `cache` of `ctxproxy_memory_cache_bytes`: every cache the process holds in memory.
+    MemoryCache {
+        /// The pipeline's derived values (summaries, ledger lines, identifiers, catalogs).
+        Memo => "memo",
+        /// Whole rewrites that conversations append to.
+        Rewrites => "rewrites",
+        /// Token counts of messages and long texts.
+        TokenCounts => "token_counts",
+        /// Token counts of words, per worker thread.
+        TokenPieces => "token_pieces",
+        /// The in-memory store (the embedded default, or Redis's fallback).
+        Store => "store",
+    }
+}

@@ -12,8 +12,8 @@ use prometheus::{
 
 pub use labels::{
     BudgetOutcome, CacheName, CacheOutcome, ClaimRepair, Compaction, ContinuationOutcome,
-    ExpansionOutcome, LookupResult, RecordDrop, Route, SavingSource, StoreOp, TokenPhase,
-    ToolPhase, UpstreamError, UsageKind,
+    ExpansionOutcome, LookupResult, MemoryCache, RecordDrop, Route, SavingSource, StoreOp,
+    TokenPhase, ToolPhase, UpstreamError, UsageKind,
 };
 
 use crate::config::Config;
@@ -110,6 +110,8 @@ pub struct Metrics {
     /// `op`: [`StoreOp`].
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
+    /// `cache`: [`MemoryCache`].
+    pub memory_cache_bytes: IntGaugeVec,
     /// Chat completions by `model`, `tenant`, HTTP `status` and `cache`: [`CacheOutcome`].
     pub chat_requests: IntCounterVec,
     /// `usage` reported by the upstream: `kind`: [`UsageKind`].
@@ -254,6 +256,11 @@ impl Metrics {
                 "ctxproxy_store_up",
                 "1 while the configured store answers (Redis reachable, or the memory backend); 0 while Redis is down and memory serves instead.",
             )?,
+            memory_cache_bytes: r.gauges(
+                "ctxproxy_memory_cache_bytes",
+                "Bytes held by each in-process cache (memo, rewrites, token_counts, token_pieces, store); each is bounded by [memory] or [store] and sheds what no request used within [memory] idle_secs.",
+                &["cache"],
+            )?,
             chat_requests: r.counters(
                 "ctxproxy_chat_requests_total",
                 "Chat completion requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
@@ -328,6 +335,9 @@ impl Metrics {
     pub fn initialize(&self, config: &Config) {
         for op in StoreOp::ALL {
             self.store_errors.with_label_values(&[op.as_str()]);
+        }
+        for cache in MemoryCache::ALL {
+            self.memory_cache_bytes.with_label_values(&[cache.as_str()]);
         }
         for upstream in &config.upstreams {
             for kind in UpstreamError::ALL {

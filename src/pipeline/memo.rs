@@ -5,50 +5,65 @@
 //! Consecutive requests of a conversation share their older segments and their tools, and the
 //! budget stage reruns the stages several times per request; the memo makes each summary and
 //! each catalog cost once. It also keeps the rewrites that conversations append to between
-//! recompactions (`prefix.rs`), in a smaller map of their own. Like the token-count cache it never changes a result: the key covers
-//! every input.
+//! recompactions (`prefix.rs`), in a map of their own. Both are bounded in bytes (`[memory]`:
+//! the least recently used go first, and what no request used for `idle_secs` is swept). Like
+//! the token-count cache it never changes a result: the key covers every input.
 
 use std::any::Any;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::bounded::{MemoryConfig, SharedLru, Weigh};
 
 use super::tools::catalog::Catalog;
 
-/// Entries kept before the memo is cleared (a summary line is ~200 bytes).
-const CAPACITY: usize = 50_000;
-/// Tool catalogs kept (one per distinct tool list a deployment's clients send).
-const CATALOG_CAPACITY: usize = 1_024;
-/// Whole rewrites kept (one per conversation between its recompactions), and their bytes at
-/// most (the map is cleared past either).
-const REWRITE_CAPACITY: usize = 1_024;
-const REWRITE_BYTES: usize = 256 * 1024 * 1024;
-
-#[derive(Default)]
 pub struct Memo {
-    entries: Mutex<HashMap<u64, Arc<str>>>,
-    identifiers: Mutex<HashMap<u64, Arc<[String]>>>,
-    skeletons: Mutex<HashMap<u64, Option<Arc<serde_json::Value>>>>,
-    catalogs: Mutex<HashMap<u64, Arc<Catalog>>>,
-    values: Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>,
-    rewrites: Mutex<Rewrites>,
+    derived: SharedLru<(Kind, u64), Entry>,
+    rewrites: SharedLru<u64, Arc<super::Rewrite>>,
 }
 
-/// The rewrites kept, and about how many bytes they hold.
-#[derive(Default)]
-struct Rewrites {
-    map: HashMap<u64, Arc<super::Rewrite>>,
-    bytes: usize,
+/// Which map a key belongs to: the same hash under two kinds is two entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Text,
+    Identifiers,
+    Skeleton,
+    Catalog,
+    Value,
+}
+
+/// A derived value, of the type its kind (and, for `Value`, its key's seed) says.
+type Entry = Arc<dyn Any + Send + Sync>;
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo::new(&MemoryConfig::default())
+    }
 }
 
 impl Memo {
+    pub fn new(config: &MemoryConfig) -> Memo {
+        Memo {
+            derived: SharedLru::new(config.memo_max_bytes, config.idle()),
+            rewrites: SharedLru::new(config.rewrites_max_bytes, config.idle()),
+        }
+    }
+
     /// The text for `key`, computed by `make` on a miss.
     pub fn text(&self, key: u64, make: impl FnOnce() -> String) -> Arc<str> {
-        cached(&self.entries, CAPACITY, key, || make().into())
+        let text = self.derive(Kind::Text, key, || Arc::<str>::from(make()), |t| t.len());
+        Arc::clone(&text)
     }
 
     /// The identifiers for `key` (one message's or one text's), found by `make` on a miss.
     pub fn identifiers(&self, key: u64, make: impl FnOnce() -> Vec<String>) -> Arc<[String]> {
-        cached(&self.identifiers, CAPACITY, key, || make().into())
+        let ids = self.derive(
+            Kind::Identifiers,
+            key,
+            || Arc::<[String]>::from(make()),
+            |ids| ids.heap_bytes(),
+        );
+        Arc::clone(&ids)
     }
 
     /// The identifier skeleton for `key` (one JSON text's; `None` when not JSON or empty).
@@ -57,64 +72,76 @@ impl Memo {
         key: u64,
         make: impl FnOnce() -> Option<serde_json::Value>,
     ) -> Option<Arc<serde_json::Value>> {
-        cached(&self.skeletons, CAPACITY, key, || make().map(Arc::new))
+        let tree = self.derive(
+            Kind::Skeleton,
+            key,
+            || make().map(Arc::new),
+            |tree| tree.as_deref().map_or(0, Weigh::heap_bytes),
+        );
+        Option::clone(&tree)
     }
 
     /// A derived value of any type for `key` (its seed names the type), made on a miss.
-    pub fn value<T: Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> T) -> Arc<T> {
-        if let Some(hit) = self.peek(key) {
-            return hit;
-        }
-        let value = Arc::new(make());
-        if let Ok(mut entries) = self.values.lock() {
-            if entries.len() >= CAPACITY {
-                entries.clear();
-            }
-            entries.insert(key, value.clone());
-        }
-        value
+    pub fn value<T: Any + Send + Sync + Weigh>(
+        &self,
+        key: u64,
+        make: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        self.derive(Kind::Value, key, make, T::heap_bytes)
     }
 
     /// The value of type `T` for `key`, if it was made.
     pub fn peek<T: Any + Send + Sync>(&self, key: u64) -> Option<Arc<T>> {
-        self.values
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-            .and_then(|v| v.downcast::<T>().ok())
+        self.derived.get(&(Kind::Value, key))?.downcast::<T>().ok()
     }
 
     /// The whole rewrite for `key`, made on a miss.
     pub fn rewrite(&self, key: u64, make: impl FnOnce() -> super::Rewrite) -> Arc<super::Rewrite> {
-        if let Some(hit) = self.peek_rewrite(key) {
-            return hit;
-        }
-        let rewrite = Arc::new(make());
-        let bytes = approximate_bytes(&rewrite.request);
-        if let Ok(mut kept) = self.rewrites.lock() {
-            if kept.map.len() >= REWRITE_CAPACITY || kept.bytes + bytes > REWRITE_BYTES {
-                kept.map.clear();
-                kept.bytes = 0;
-            }
-            if bytes <= REWRITE_BYTES {
-                kept.map.insert(key, rewrite.clone());
-                kept.bytes += bytes;
-            }
-        }
-        rewrite
+        self.rewrites
+            .get_or_make(key, || Arc::new(make()), |r| approximate_bytes(&r.request))
     }
 
     /// The whole rewrite for `key`, if it was kept.
     pub fn peek_rewrite(&self, key: u64) -> Option<Arc<super::Rewrite>> {
-        self.rewrites
-            .lock()
-            .ok()
-            .and_then(|kept| kept.map.get(&key).cloned())
+        self.rewrites.get(&key)
     }
 
     /// The catalog for `key`, built by `make` on a miss.
     pub fn catalog(&self, key: u64, make: impl FnOnce() -> Catalog) -> Arc<Catalog> {
-        cached(&self.catalogs, CATALOG_CAPACITY, key, || Arc::new(make()))
+        self.derive(Kind::Catalog, key, make, Catalog::heap_bytes)
+    }
+
+    /// Drops what no request used within `[memory] idle_secs`.
+    pub fn sweep(&self, now: Instant) {
+        self.derived.sweep(now);
+        self.rewrites.sweep(now);
+    }
+
+    /// Bytes held by the derived values and by the rewrites.
+    pub fn bytes(&self) -> (usize, usize) {
+        (self.derived.bytes(), self.rewrites.bytes())
+    }
+
+    /// The value of type `T` for `key`, made on a miss (or when another type was kept under
+    /// it) and counted as `weigh` says beside its own size.
+    fn derive<T: Any + Send + Sync>(
+        &self,
+        kind: Kind,
+        key: u64,
+        make: impl FnOnce() -> T,
+        weigh: impl FnOnce(&T) -> usize,
+    ) -> Arc<T> {
+        let hit = self
+            .derived
+            .get(&(kind, key))
+            .and_then(|e| e.downcast::<T>().ok());
+        if let Some(hit) = hit {
+            return hit;
+        }
+        let value = Arc::new(make());
+        let bytes = weigh(&value) + std::mem::size_of::<T>();
+        self.derived.insert((kind, key), value.clone(), bytes);
+        value
     }
 }
 
@@ -132,27 +159,6 @@ fn approximate_bytes(request: &crate::openai::ChatRequest) -> usize {
         serde_json::to_string(tools).map_or(0, |t| t.len())
     });
     request.messages.iter().map(message).sum::<usize>() + tools
-}
-
-/// The value for `key` in `map`, made on a miss; the map is cleared when it reaches `capacity`.
-/// A poisoned lock only costs the caching.
-fn cached<V: Clone>(
-    map: &Mutex<HashMap<u64, V>>,
-    capacity: usize,
-    key: u64,
-    make: impl FnOnce() -> V,
-) -> V {
-    if let Some(hit) = map.lock().ok().and_then(|m| m.get(&key).cloned()) {
-        return hit;
-    }
-    let value = make();
-    if let Ok(mut entries) = map.lock() {
-        if entries.len() >= capacity {
-            entries.clear();
-        }
-        entries.insert(key, value.clone());
-    }
-    value
 }
 
 #[cfg(test)]
@@ -179,5 +185,32 @@ mod tests {
         assert_eq!(*memo.value(7, || -> u32 { unreachable!("cached") }), 42);
         // Another type under the same key is made, not mistaken for the first.
         assert_eq!(*memo.value(7, || String::from("x")), "x");
+        // A text under the same hash is another entry.
+        assert_eq!(&*memo.text(7, || "seven".into()), "seven");
+        assert_eq!(*memo.value(7, || -> String { unreachable!("cached") }), "x");
+    }
+
+    #[test]
+    fn stays_within_its_bytes_and_sweeps_idle_entries() {
+        let config = MemoryConfig {
+            memo_max_bytes: 64 * 1024,
+            idle_secs: 30,
+            ..MemoryConfig::default()
+        };
+        let memo = Memo::new(&config);
+        for key in 0..1_000 {
+            memo.text(key, || "x".repeat(1_000));
+        }
+        let (derived, rewrites) = memo.bytes();
+        assert!(derived <= 64 * 1024, "{derived} bytes kept");
+        assert!(
+            derived > 32 * 1024,
+            "{derived} bytes kept: it should be nearly full"
+        );
+        assert_eq!(rewrites, 0);
+        // The most recent are the ones kept.
+        assert_eq!(&*memo.text(999, || unreachable!("kept")), "x".repeat(1_000));
+        memo.sweep(Instant::now() + std::time::Duration::from_secs(31));
+        assert_eq!(memo.bytes(), (0, 0));
     }
 }

@@ -95,6 +95,12 @@ struct Whole {
     fits: bool,
 }
 
+impl crate::bounded::Weigh for Whole {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
 /// Earlier requests replayed at most, when nothing is known of a conversation.
 const MAX_REPLAY: usize = 256;
 

@@ -8,6 +8,7 @@ mod cached;
 mod chat;
 mod command;
 mod guarded;
+mod housekeeping;
 mod listener;
 mod meter;
 mod middleware;
@@ -94,6 +95,9 @@ impl AppState {
         )
         .map(Arc::new)
         .map_err(StartError::Recorder)?;
+        let memory = &config.memory;
+        let tokenizers = Tokenizers::new(memory.token_counts_max_bytes, memory.idle());
+        let memo = pipeline::Memo::new(memory);
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(&config),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
@@ -103,8 +107,8 @@ impl AppState {
             config: Arc::new(config),
             upstreams,
             metrics,
-            tokenizers: Tokenizers::default(),
-            memo: pipeline::Memo::default(),
+            tokenizers,
+            memo,
             store,
             recorder,
             shutting_down: AtomicBool::new(false),
@@ -159,6 +163,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let server = &state.config.server;
     let grace = server.shutdown_grace;
+    housekeeping::spawn(&state);
     let (stopping, stopped) = tokio::sync::watch::channel(false);
     let signal_state = state.clone();
     tokio::spawn(async move {

@@ -50,6 +50,7 @@ pub async fn private_metrics(State(state): State<SharedState>) -> impl IntoRespo
 }
 
 fn metrics_text(state: &SharedState) -> impl IntoResponse + use<> {
+    super::housekeeping::export(state);
     (
         [(
             header::CONTENT_TYPE,

@@ -26,8 +26,9 @@ pub struct StoreConfig {
     pub breaker_failures: u32,
     /// While open, the breaker lets one probe through this often.
     pub breaker_probe_ms: u64,
-    /// Entries the in-memory store keeps (oldest-expiring evicted first).
+    /// Entries the in-memory store keeps, and bytes (the least recently used evicted first).
     pub memory_max_entries: usize,
+    pub memory_max_bytes: usize,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +42,7 @@ impl Default for StoreConfig {
             breaker_failures: 3,
             breaker_probe_ms: 1_000,
             memory_max_entries: 100_000,
+            memory_max_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -68,6 +70,9 @@ impl StoreConfig {
         }
         if self.memory_max_entries == 0 {
             return err("memory_max_entries", "must be greater than 0");
+        }
+        if self.memory_max_bytes == 0 {
+            return err("memory_max_bytes", "must be greater than 0");
         }
         Ok(())
     }

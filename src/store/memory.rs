@@ -1,11 +1,12 @@
-//! The in-memory store: bounded, with TTLs. The embedded default for a single replica, and the
-//! fallback while Redis is down.
+//! The in-memory store: bounded in entries and in bytes (the least recently used go first),
+//! with TTLs. The embedded default for a single replica, and the fallback while Redis is down.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{Backend, StoreError};
+use crate::bounded::ByteLru;
 
 enum Item {
     Bytes(Vec<u8>),
@@ -17,15 +18,32 @@ struct Entry {
     expires: Instant,
 }
 
+impl Entry {
+    /// The bytes the entry holds beside its key.
+    fn bytes(&self) -> usize {
+        match &self.item {
+            Item::Bytes(bytes) => bytes.len(),
+            Item::List(list) => list_bytes(list),
+        }
+    }
+}
+
+/// A list's values, and the vector each is.
+fn list_bytes(list: &VecDeque<Vec<u8>>) -> usize {
+    list.iter()
+        .map(|v| v.len() + std::mem::size_of::<Vec<u8>>())
+        .sum()
+}
+
 pub struct MemoryBackend {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<ByteLru<String, Entry>>,
     max_entries: usize,
 }
 
 impl MemoryBackend {
-    pub fn new(max_entries: usize) -> MemoryBackend {
+    pub fn new(max_entries: usize, max_bytes: usize) -> MemoryBackend {
         MemoryBackend {
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(ByteLru::new(max_bytes, None)),
             max_entries: max_entries.max(1),
         }
     }
@@ -35,39 +53,49 @@ impl MemoryBackend {
         self.entries.lock().map_or(0, |e| e.len())
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> T) -> Result<T, StoreError> {
+    /// Bytes held (keys, values and the per-entry overhead).
+    pub fn bytes(&self) -> usize {
+        self.entries.lock().map_or(0, |e| e.bytes())
+    }
+
+    /// Drops the expired entries (the TTLs are also checked on every read).
+    pub fn sweep(&self, now: Instant) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.retain(|e| e.expires > now);
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ByteLru<String, Entry>) -> T) -> Result<T, StoreError> {
         let mut entries = self.entries.lock().map_err(|_| StoreError::Poisoned)?;
         Ok(f(&mut entries))
     }
 
-    /// Makes room for one more entry: expired ones go first, then the tenth of the entries
-    /// that expire soonest.
-    fn make_room(&self, entries: &mut HashMap<String, Entry>) {
+    /// Makes room for one more entry: expired ones go first, then the least recently used.
+    /// (The byte bound evicts on insertion.)
+    fn make_room(&self, entries: &mut ByteLru<String, Entry>) {
         if entries.len() < self.max_entries {
             return;
         }
         let now = Instant::now();
-        entries.retain(|_, e| e.expires > now);
-        if entries.len() < self.max_entries {
-            return;
-        }
-        let mut by_expiry: Vec<(Instant, String)> = entries
-            .iter()
-            .map(|(k, e)| (e.expires, k.clone()))
-            .collect();
-        by_expiry.sort();
-        let evict = (self.max_entries / 10).max(1);
-        for (_, key) in by_expiry.into_iter().take(evict) {
-            entries.remove(&key);
+        entries.retain(|e| e.expires > now);
+        while entries.len() >= self.max_entries {
+            if !entries.remove_least_recent() {
+                break;
+            }
         }
     }
 
-    fn live<'a>(entries: &'a mut HashMap<String, Entry>, key: &str) -> Option<&'a mut Entry> {
+    fn live<'a>(entries: &'a mut ByteLru<String, Entry>, key: &str) -> Option<&'a mut Entry> {
         let now = Instant::now();
         if entries.get(key).is_some_and(|e| e.expires <= now) {
             entries.remove(key);
         }
         entries.get_mut(key)
+    }
+
+    fn insert(entries: &mut ByteLru<String, Entry>, key: &str, entry: Entry) {
+        let bytes = key.len() + entry.bytes();
+        entries.insert(key.to_owned(), entry, bytes);
     }
 }
 
@@ -84,16 +112,14 @@ impl Backend for MemoryBackend {
 
     async fn set(&self, key: &str, value: &[u8], ttl: Duration) -> Result<(), StoreError> {
         self.with(|entries| {
-            if !entries.contains_key(key) {
+            if entries.get(key).is_none() {
                 self.make_room(entries);
             }
-            entries.insert(
-                key.to_owned(),
-                Entry {
-                    item: Item::Bytes(value.to_vec()),
-                    expires: Instant::now() + ttl,
-                },
-            );
+            let entry = Entry {
+                item: Item::Bytes(value.to_vec()),
+                expires: Instant::now() + ttl,
+            };
+            Self::insert(entries, key, entry);
         })
     }
 
@@ -120,17 +146,17 @@ impl Backend for MemoryBackend {
                     list.push_front(value.to_vec());
                     list.truncate(max_len);
                     *at = expires;
+                    let bytes = key.len() + list_bytes(list);
+                    entries.resize(key, bytes);
                 }
                 _ => {
                     self.make_room(entries);
                     let list = VecDeque::from([value.to_vec()]);
-                    entries.insert(
-                        key.to_owned(),
-                        Entry {
-                            item: Item::List(list),
-                            expires,
-                        },
-                    );
+                    let entry = Entry {
+                        item: Item::List(list),
+                        expires,
+                    };
+                    Self::insert(entries, key, entry);
                 }
             }
         })

@@ -87,7 +87,7 @@ impl Store {
         Ok(Store {
             prefix: config.key_prefix.clone(),
             redis,
-            memory: MemoryBackend::new(config.memory_max_entries),
+            memory: MemoryBackend::new(config.memory_max_entries, config.memory_max_bytes),
             breaker: Breaker::new(
                 config.breaker_failures,
                 Duration::from_millis(config.breaker_probe_ms),
@@ -95,6 +95,17 @@ impl Store {
             timeout: Duration::from_millis(config.op_timeout_ms),
             metrics,
         })
+    }
+
+    /// Bytes the in-memory backend holds (the embedded store, or what it kept while Redis was
+    /// down).
+    pub fn memory_bytes(&self) -> usize {
+        self.memory.bytes()
+    }
+
+    /// Drops the in-memory backend's expired entries.
+    pub fn sweep(&self, now: std::time::Instant) {
+        self.memory.sweep(now);
     }
 
     /// `redis` or `memory`: the backend serving calls right now.
@@ -255,7 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn memory_backend_stays_bounded() {
-        let memory = MemoryBackend::new(10);
+        let memory = MemoryBackend::new(10, 1 << 20);
         for i in 0..50 {
             memory
                 .set(&format!("k{i}"), b"v", Duration::from_secs(60 + i))
@@ -264,5 +275,34 @@ mod tests {
         }
         assert!(memory.entry_count() <= 10, "{}", memory.entry_count());
         assert_eq!(memory.get("k49").await.unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn memory_backend_stays_within_its_bytes_evicting_the_least_recently_used() {
+        let memory = MemoryBackend::new(1_000, 64 * 1024);
+        let value = vec![b'x'; 4 * 1024];
+        let ttl = Duration::from_secs(60);
+        memory.set("first", &value, ttl).await.unwrap();
+        for i in 0..100 {
+            memory.set(&format!("k{i}"), &value, ttl).await.unwrap();
+            // Read at every step: the first key stays the most recently used.
+            assert!(
+                memory.get("first").await.unwrap().is_some(),
+                "evicted at {i}"
+            );
+            memory.push_capped("list", &value, 3, ttl).await.unwrap();
+        }
+        assert!(memory.bytes() <= 64 * 1024, "{} bytes", memory.bytes());
+        assert_eq!(memory.get("k0").await.unwrap(), None);
+        assert_eq!(memory.get("k99").await.unwrap(), Some(value.clone()));
+        assert_eq!(memory.list("list").await.unwrap().len(), 3);
+        // Expired entries are swept, whatever reads them.
+        memory
+            .set("short", &value, Duration::from_millis(1))
+            .await
+            .unwrap();
+        let before = memory.bytes();
+        memory.sweep(std::time::Instant::now() + Duration::from_millis(5));
+        assert!(memory.bytes() < before);
     }
 }

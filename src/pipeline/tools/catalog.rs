@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
+use crate::bounded::Weigh;
 use crate::glob::glob_match;
 use crate::openai::Tool;
 use crate::pipeline::Memo;
@@ -129,6 +130,24 @@ pub struct Catalog {
     pub categories: Vec<Category>,
     /// A hash of what it was built from (tools and config), for memo keys derived from it.
     pub key: u64,
+}
+
+impl Weigh for Catalog {
+    fn heap_bytes(&self) -> usize {
+        self.categories.heap_bytes()
+    }
+}
+
+impl Weigh for Category {
+    fn heap_bytes(&self) -> usize {
+        self.name.heap_bytes() + self.keywords.heap_bytes() + self.tools.heap_bytes()
+    }
+}
+
+impl Weigh for Keyword {
+    fn heap_bytes(&self) -> usize {
+        self.words.heap_bytes()
+    }
 }
 
 pub fn tool_name(tool: &Tool) -> Option<&str> {

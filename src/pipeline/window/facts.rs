@@ -125,6 +125,12 @@ struct Fact {
     text: String,
 }
 
+impl crate::bounded::Weigh for Fact {
+    fn heap_bytes(&self) -> usize {
+        self.subject.capacity() + self.text.capacity()
+    }
+}
+
 fn domain_of(text: &str) -> Option<Domain> {
     let words = content_words(text);
     [

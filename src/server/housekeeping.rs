@@ -1,0 +1,59 @@
+//! The process's periodic chores: the caches drop what no request used within
+//! `[memory] idle_secs`, the in-memory store its expired entries, and
+//! `ctxproxy_memory_cache_bytes` says what each cache holds.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::AppState;
+use crate::metrics::MemoryCache;
+
+/// How often the caches are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Sweeps every `SWEEP_EVERY` for as long as the state lives.
+pub fn spawn(state: &Arc<AppState>) {
+    let state = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(SWEEP_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let Some(state) = Weak::upgrade(&state) else {
+                return;
+            };
+            sweep(&state, Instant::now());
+        }
+    });
+}
+
+/// Drops what is idle or expired, then exports what is left.
+pub fn sweep(state: &AppState, now: Instant) {
+    state.memo.sweep(now);
+    state.tokenizers.sweep(now);
+    state.store.sweep(now);
+    export(state);
+}
+
+/// Sets `ctxproxy_memory_cache_bytes` from what each cache holds now.
+pub fn export(state: &AppState) {
+    let (memo, rewrites) = state.memo.bytes();
+    let sizes = [
+        (MemoryCache::Memo, memo),
+        (MemoryCache::Rewrites, rewrites),
+        (MemoryCache::TokenCounts, state.tokenizers.bytes()),
+        (
+            MemoryCache::TokenPieces,
+            crate::tokens::piece_cache_bytes_total(),
+        ),
+        (MemoryCache::Store, state.store.memory_bytes()),
+    ];
+    for (cache, bytes) in sizes {
+        state
+            .metrics
+            .memory_cache_bytes
+            .with_label_values(&[cache.as_str()])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+}
