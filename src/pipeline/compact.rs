@@ -8,15 +8,18 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use super::identifiers::{
-    call_label, json_identifiers, parse_json, render_labelled_once, scalar_identifier,
-};
+use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
+use super::payload::{self, Payload};
 use super::report::{CompactDetails, StageDetails, StageName};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
 use crate::tokens::TokenCounter;
+
+mod table;
+
+use table::tabulated;
 
 pub struct CompactStage;
 
@@ -107,14 +110,15 @@ impl Stage for CompactStage {
             {
                 keep.extend(extra.iter().map(String::as_str));
             }
-            let compacted = match parse_json(&text) {
-                Some(value) => {
+            // What is under an envelope is compacted, not the envelope's one long string.
+            let compacted = match payload::read(&text) {
+                Payload::Tree(value) => {
                     json_compacted += 1;
                     compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
                 }
-                None => {
+                Payload::Text(inner) => {
                     text_compacted += 1;
-                    compact_text(&text, max_tokens, MAX_OMITTED_IDS, cx.counter)
+                    compact_text(&inner, max_tokens, MAX_OMITTED_IDS, cx.counter)
                 }
             };
             if compacted.len() < text.len() {
@@ -153,14 +157,15 @@ pub(super) fn working_set_result(
     if counter.text(text) <= max_tokens {
         return minified(text).map(|json| (json, Form::Json));
     }
-    let (compacted, form) = match parse_json(text) {
-        Some(value) => {
+    let (compacted, form) = match payload::read(text) {
+        Payload::Tree(value) => {
             let rules = Rules::lossless(config.compact.max_string_chars);
-            let json = serde_json::to_string(&compact_value(&value, &rules)).unwrap_or_default();
+            let compacted = tabulated(compact_value(&value, &rules));
+            let json = serde_json::to_string(&compacted).unwrap_or_default();
             (json, Form::Json)
         }
-        None => (
-            compact_text(text, max_tokens, usize::MAX, counter),
+        Payload::Text(inner) => (
+            compact_text(&inner, max_tokens, usize::MAX, counter),
             Form::Text,
         ),
     };
@@ -294,11 +299,12 @@ pub fn stub(
         || "Previous".to_owned(),
         |c| call_label(&c.function.name, &c.function.arguments),
     );
-    let held = match parse_json(text) {
-        Some(value) => render_labelled_once(&value, &|_| false),
-        None => {
+    let content = payload::read(text);
+    let held = match &content {
+        Payload::Tree(value) => render_labelled_once(value, &|_| false),
+        Payload::Text(inner) => {
             let mut seen = HashSet::new();
-            identifiers(text)
+            identifiers(inner)
                 .into_iter()
                 .filter(|id| !id.contains("://") && seen.insert(id.clone()))
                 .collect::<Vec<_>>()
@@ -307,7 +313,11 @@ pub fn stub(
     };
     if held.is_empty() {
         // No identifier: the first line with words or digits (pretty JSON starts with `{`).
-        let first_line = text
+        let said = match &content {
+            Payload::Text(inner) => inner,
+            Payload::Tree(_) => text,
+        };
+        let first_line = said
             .lines()
             .map(str::trim)
             .find(|l| l.chars().any(char::is_alphanumeric))
@@ -394,8 +404,8 @@ fn compact_json_to_fit(
     };
     loop {
         let compacted = compact_value(value, &rules);
-        let text = serde_json::to_string(&compacted).unwrap_or_default();
         let longest = longest_list(&compacted);
+        let text = serde_json::to_string(&tabulated(compacted)).unwrap_or_default();
         if counter.text(&text) <= max_tokens || longest <= 1 || rules.list_cap == 1 {
             return text;
         }
@@ -884,5 +894,65 @@ mod working_set_tests {
         for i in [8, 10, 12, 14] {
             assert_eq!(out[i], request.messages[i]);
         }
+    }
+
+    /// A database tool's answer as MCP servers wrap it: a text part holding a tool result
+    /// holding a Python literal of `n` rows.
+    fn wrapped_rows(n: usize) -> String {
+        let rows: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    "{{'department_name': 'Dept {i}', 'tenure_years': Decimal('{}.{}'), \
+                     'since': datetime.date(19{:02}, 1, 2), 'note': '{}'}}",
+                    20 + i,
+                    i % 10,
+                    60 + i % 40,
+                    "steady growth with a stable team ".repeat(2)
+                )
+            })
+            .collect();
+        let literal = format!("[{}]", rows.join(", "));
+        let result = json!({"meta": null, "content": [{"type": "text", "text": literal, "annotations": null}],
+            "structuredContent": {"result": [{"type": "text", "text": literal}]}, "isError": false});
+        json!({"type": "text", "text": result.to_string()}).to_string()
+    }
+
+    #[test]
+    fn a_wrapped_result_keeps_its_content_and_every_value_in_the_working_set() {
+        let request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
+            {"role": "user", "content": "Tenure by department?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "q", "type": "function",
+                "function": {"name": "execute_sql", "arguments": "{\"query\": \"SELECT 1\"}"}}]},
+            {"role": "tool", "tool_call_id": "q", "content": wrapped_rows(60)}
+        ]}))
+        .unwrap();
+        let out = run(&request).expect("the large result is compacted");
+        let text = out[2].content.get().unwrap().text().into_owned();
+        // The rows, as a table, not the envelope with its one long string cut.
+        assert!(
+            text.starts_with("{\"columns\":[\"department_name\",\"tenure_years\",\"since\""),
+            "{text}"
+        );
+        for i in 0..60 {
+            assert!(
+                text.contains(&format!("\"{}.{}\"", 20 + i, i % 10)),
+                "{i}: {text}"
+            );
+            assert!(text.contains(&format!("\"Dept {i}\"")), "{i}");
+        }
+        assert!(text.contains("\"1960-01-02\""));
+        assert!(text.len() < wrapped_rows(60).len() / 2);
+    }
+
+    #[test]
+    fn a_cleared_wrapped_result_names_its_values() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let call: ToolCall = serde_json::from_value(
+            json!({"id": "q", "type": "function", "function": {"name": "execute_sql", "arguments": "{}"}}),
+        )
+        .unwrap();
+        let text = stub(Some(&call), &wrapped_rows(3), 200, &counter);
+        assert!(text.contains("tenure_years: 20.0"), "{text}");
+        assert!(text.contains("Dept 2") && text.contains("22.2"), "{text}");
     }
 }

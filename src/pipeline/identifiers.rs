@@ -44,7 +44,7 @@ pub fn is_identifier_value(value: &str) -> bool {
     if value.starts_with('#') && chars >= 3 {
         return true;
     }
-    is_name(value)
+    text::is_code_name(value) || is_name(value)
 }
 
 /// A proper name: one to four capitalized words ("Action Camera", "Daiki", "USA").

@@ -110,12 +110,20 @@ pub fn identifiers(text: &str) -> Vec<String> {
             )
     }) {
         let token = raw.trim_end_matches(['.', ':', '!', '?']);
-        if token.is_empty() || seen.contains(token) {
-            continue;
-        }
-        if is_identifier(token) {
-            seen.insert(token);
-            found.push(token.to_owned());
+        // `NAME=value` (an environment variable, a flag) says two things; a URL's query one.
+        let parts = if token.contains('=') && !token.contains("://") {
+            token.split('=').collect()
+        } else {
+            vec![token]
+        };
+        for token in parts {
+            if token.is_empty() || seen.contains(token) {
+                continue;
+            }
+            if is_identifier(token) {
+                seen.insert(token);
+                found.push(token.to_owned());
+            }
         }
     }
     found
@@ -133,7 +141,19 @@ pub fn is_identifier(token: &str) -> bool {
     }
     let digits = token.chars().filter(char::is_ascii_digit).count();
     let letters = token.chars().filter(|c| c.is_alphabetic()).count();
-    (digits > 0 && letters > 0 && token.len() >= 3) || digits >= 2
+    (digits > 0 && letters > 0 && token.len() >= 3) || digits >= 2 || is_code_name(token)
+}
+
+/// A name from code or an API: words joined by underscores (`submit_review`,
+/// `POSTGRES_PASSWORD`, `list_for_org`), what agents call and users copy back.
+pub fn is_code_name(token: &str) -> bool {
+    token.len() >= 4
+        && token.len() <= 64
+        && token.starts_with(|c: char| c.is_ascii_alphabetic())
+        && token.split('_').count() >= 2
+        && token
+            .split('_')
+            .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()))
 }
 
 /// The first sentence of a text (up to `.`, `!`, `?` or a newline), at most `max_words` words.
@@ -207,6 +227,23 @@ mod tests {
             content_words("The flights and the cities"),
             vec!["flight", "city"]
         );
+    }
+
+    #[test]
+    fn commands_and_code_give_their_names_ports_and_tags() {
+        let ids = identifiers(
+            "docker run -e POSTGRES_PASSWORD=secret -p 8000:8000 postgres:13 and set max_connections",
+        );
+        assert_eq!(
+            ids,
+            vec![
+                "POSTGRES_PASSWORD",
+                "8000:8000",
+                "postgres:13",
+                "max_connections"
+            ]
+        );
+        assert!(!is_code_name("_private") && !is_code_name("a_") && !is_code_name("snake"));
     }
 
     #[test]

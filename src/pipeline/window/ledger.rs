@@ -5,8 +5,9 @@
 //!
 //! The ledger is built from the turns before the window only, so it stays the same until the
 //! window moves. A value the instructions or the answered message show is not repeated, and a
-//! value is said once, on the line mentioned latest. An assistant's code blocks and acronyms
-//! (`API`, `SQL`) are its content, not references, and stay out. Within
+//! value is said once, on the line mentioned latest. What an assistant's code blocks name
+//! (variables, ports, image tags, paths) counts like its prose; its acronyms (`API`, `SQL`)
+//! are terms, not references, and stay out. Within
 //! `ledger_max_tokens`, the groups whose values were mentioned latest (being referred to again
 //! counts as recent) go first: their strong identifiers, then everything where it fits.
 
@@ -20,9 +21,10 @@ use serde_json::Value;
 use crate::openai::{Message, Role};
 use crate::pipeline::Memo;
 use crate::pipeline::identifiers::{
-    call_label, is_strong_identifier, json_identifiers, parse_json, prose_identifiers, prune,
+    call_label, is_strong_identifier, json_identifiers, prose_identifiers, prune,
     render_labelled_once,
 };
+use crate::pipeline::payload::{self, Payload};
 use crate::tokens::TokenCounter;
 
 /// One source of identifiers.
@@ -127,11 +129,9 @@ pub fn lines(
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
-                let content = match message.role {
-                    // The code an assistant wrote is content, not a reference to reuse.
-                    Role::Assistant => without_code_blocks(content_of(message)),
-                    _ => content_of(message),
-                };
+                // An assistant's code counts like its prose: users come back to the variables,
+                // ports, image tags and paths of an earlier answer.
+                let content = content_of(message);
                 if !content.trim().is_empty() {
                     let role = if message.role == Role::User {
                         "user"
@@ -207,23 +207,6 @@ fn is_acronym(value: &str) -> bool {
     value.chars().all(|c| c.is_ascii_uppercase())
 }
 
-/// `text` without its fenced code blocks (an unclosed fence runs to the end).
-fn without_code_blocks(text: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, str> {
-    if !text.contains("```") {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut in_code = false;
-    for line in text.split_inclusive('\n') {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-        } else if !in_code {
-            out.push_str(line);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
 /// Memoized views of a content text (a summarized conversation is read again at every turn).
 pub struct Views<'a> {
     memo: &'a Memo,
@@ -260,7 +243,10 @@ impl Views<'_> {
                     json_identifiers(&tree, &mut out);
                     out
                 }
-                None => prose_identifiers(text),
+                None => match payload::read(text) {
+                    Payload::Text(inner) => prose_identifiers(&inner),
+                    Payload::Tree(_) => Vec::new(),
+                },
             }
         })
     }
@@ -274,10 +260,11 @@ impl Views<'_> {
         ids
     }
 
-    /// `Some(Null)` for JSON without identifiers, `None` for text that is not JSON.
+    /// `Some(Null)` for a tree without identifiers, `None` for text that is not a tree (JSON or
+    /// a Python literal, under any envelope: `payload`).
     fn skeleton(&self, text: &str) -> Option<Arc<Value>> {
         self.memo.skeleton(text_key(SKELETON_SEED, text), || {
-            parse_json(text).map(|value| prune(&value).unwrap_or(Value::Null))
+            payload::tree(text).map(|value| prune(&value).unwrap_or(Value::Null))
         })
     }
 
@@ -505,14 +492,17 @@ mod tests {
     }
 
     #[test]
-    fn assistant_code_and_acronyms_are_not_ledgered() {
+    fn assistant_code_is_ledgered_and_acronyms_are_not() {
         let all = messages(json!([
             {"role": "user", "content": "Why does my PHP call to /api/v2 fail with 500?"},
             {"role": "assistant", "content": "The API returns 500 for order W77.\n```php\n$x = fetch('/api/v3', max_length=20);\n```\nCheck the SQL."}
         ]));
         assert_eq!(
             ledger_of(&all),
-            vec!["user: /api/v2, PHP", "assistant: 500, W77"]
+            vec![
+                "user: /api/v2, PHP",
+                "assistant: 500, W77, /api/v3, max_length, 20"
+            ]
         );
     }
 

@@ -1,0 +1,433 @@
+//! What a tool result holds under its wrappers, so that its identifiers are found whatever the
+//! tool printed: MCP envelopes (a text part `{"type":"text","text":…}`, a `CallToolResult`
+//! `{"content":[…],"structuredContent":…,"isError":…}`, JSON inside JSON strings) are opened,
+//! and Python literals, which database tools print (`[{'id': 7, 'at': datetime.date(2024, 5,
+//! 1), 'avg': Decimal('29.1')}]`), are read as JSON. Pure functions.
+
+use std::borrow::Cow;
+
+use serde_json::{Map, Number, Value};
+
+use super::identifiers::parse_json;
+
+/// Envelopes opened at most (a text part holding a result holding a text part is three).
+const MAX_ENVELOPES: usize = 6;
+/// Nesting read at most in a Python literal (deeper input is not read as one).
+const MAX_DEPTH: usize = 64;
+
+/// A tool result's content: a tree (JSON, or a Python literal read as JSON), or text.
+#[derive(Debug, PartialEq)]
+pub enum Payload<'a> {
+    Tree(Value),
+    Text(Cow<'a, str>),
+}
+
+impl Payload<'_> {
+    /// The tree, when the content is one.
+    pub fn into_tree(self) -> Option<Value> {
+        match self {
+            Payload::Tree(value) => Some(value),
+            Payload::Text(_) => None,
+        }
+    }
+}
+
+/// The content of a tool result under its envelopes.
+pub fn read(text: &str) -> Payload<'_> {
+    let mut current: Cow<'_, str> = Cow::Borrowed(text);
+    for _ in 0..MAX_ENVELOPES {
+        let Some(value) = parse_json(&current).or_else(|| python_literal(&current)) else {
+            return Payload::Text(current);
+        };
+        match opened(&value) {
+            Some(inner) => current = Cow::Owned(inner),
+            None => return Payload::Tree(value),
+        }
+    }
+    Payload::Text(current)
+}
+
+/// The tree of a tool result under its envelopes, when it is one.
+pub fn tree(text: &str) -> Option<Value> {
+    read(text).into_tree()
+}
+
+/// The text an envelope wraps: a text part's `text`, or a tool result's text parts joined.
+/// `None` when the value is not an envelope.
+fn opened(value: &Value) -> Option<String> {
+    match value {
+        Value::Object(map) if is_text_part(map) => map.get("text")?.as_str().map(str::to_owned),
+        Value::Object(map) if is_tool_result(map) => {
+            let parts = map.get("content")?.as_array()?;
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|p| p.as_object().filter(|p| is_text_part(p)))
+                .filter_map(|p| p.get("text")?.as_str())
+                .collect();
+            if texts.is_empty() {
+                // Only structured content: that is the result.
+                return map
+                    .get("structuredContent")
+                    .filter(|s| !s.is_null())
+                    .map(Value::to_string);
+            }
+            Some(texts.join("\n"))
+        }
+        Value::Array(items) if !items.is_empty() => {
+            let texts: Option<Vec<&str>> = items
+                .iter()
+                .map(|p| {
+                    p.as_object()
+                        .filter(|p| is_text_part(p))?
+                        .get("text")?
+                        .as_str()
+                })
+                .collect();
+            texts.map(|t| t.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+/// `{"type": "text", "text": "…"}`, with nothing but annotations and metadata beside.
+fn is_text_part(map: &Map<String, Value>) -> bool {
+    map.get("type").and_then(Value::as_str) == Some("text")
+        && map.get("text").is_some_and(Value::is_string)
+        && map.keys().all(|k| {
+            matches!(
+                k.as_str(),
+                "type" | "text" | "annotations" | "meta" | "_meta"
+            )
+        })
+}
+
+/// An MCP `CallToolResult`: `content` parts, and nothing but its own fields beside.
+fn is_tool_result(map: &Map<String, Value>) -> bool {
+    map.get("content").is_some_and(Value::is_array)
+        && map.keys().all(|k| {
+            matches!(
+                k.as_str(),
+                "content" | "structuredContent" | "isError" | "meta" | "_meta"
+            )
+        })
+}
+
+/// A Python literal (`repr` of dicts, lists, tuples, strings, numbers, `None`/`True`/`False`,
+/// `Decimal('1.5')`, `datetime.date(2024, 5, 1)`) as JSON, when the whole text is one
+/// container.
+pub fn python_literal(text: &str) -> Option<Value> {
+    let trimmed = text.trim();
+    if !trimmed.starts_with(['[', '{', '(']) {
+        return None;
+    }
+    let mut reader = Reader {
+        text: trimmed.as_bytes(),
+        at: 0,
+    };
+    let value = reader.value(0)?;
+    reader.skip_space();
+    (reader.at == reader.text.len() && (value.is_array() || value.is_object())).then_some(value)
+}
+
+struct Reader<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.at).copied()
+    }
+
+    fn skip_space(&mut self) {
+        while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        self.skip_space();
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Value> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.skip_space();
+        match self.peek()? {
+            b'{' => self.dict(depth),
+            b'[' => self.sequence(b']', depth),
+            b'(' => self.sequence(b')', depth),
+            b'\'' | b'"' => self.string().map(Value::String),
+            b'-' | b'+' | b'0'..=b'9' | b'.' => self.number(),
+            b if b.is_ascii_alphabetic() || b == b'_' => self.name_or_call(depth),
+            _ => None,
+        }
+    }
+
+    fn dict(&mut self, depth: usize) -> Option<Value> {
+        self.at += 1;
+        let mut map = Map::new();
+        loop {
+            if self.eat(b'}') {
+                return Some(Value::Object(map));
+            }
+            let key = match self.value(depth + 1)? {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            if !self.eat(b':') {
+                return None;
+            }
+            let value = self.value(depth + 1)?;
+            map.insert(key, value);
+            if !self.eat(b',') {
+                return self.eat(b'}').then_some(Value::Object(map));
+            }
+        }
+    }
+
+    fn sequence(&mut self, close: u8, depth: usize) -> Option<Value> {
+        self.at += 1;
+        let mut items = Vec::new();
+        loop {
+            if self.eat(close) {
+                return Some(Value::Array(items));
+            }
+            items.push(self.value(depth + 1)?);
+            if !self.eat(b',') {
+                return self.eat(close).then_some(Value::Array(items));
+            }
+        }
+    }
+
+    /// A quoted string, its escapes read (`\n`, `\t`, `\\`, quotes, `\xNN`, `\uNNNN`).
+    fn string(&mut self) -> Option<String> {
+        let quote = self.peek()?;
+        self.at += 1;
+        let mut out: Vec<u8> = Vec::new();
+        loop {
+            let byte = self.peek()?;
+            self.at += 1;
+            match byte {
+                b if b == quote => return String::from_utf8(out).ok(),
+                b'\\' => {
+                    let escaped = self.peek()?;
+                    self.at += 1;
+                    match escaped {
+                        b'n' => out.push(b'\n'),
+                        b't' => out.push(b'\t'),
+                        b'r' => out.push(b'\r'),
+                        b'x' | b'u' => {
+                            let digits = if escaped == b'x' { 2 } else { 4 };
+                            let hex = self.text.get(self.at..self.at + digits)?;
+                            let code =
+                                u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                            let mut buffer = [0; 4];
+                            out.extend(char::from_u32(code)?.encode_utf8(&mut buffer).as_bytes());
+                            self.at += digits;
+                        }
+                        other => out.push(other),
+                    }
+                }
+                b => out.push(b),
+            }
+        }
+    }
+
+    fn number(&mut self) -> Option<Value> {
+        let start = self.at;
+        while self
+            .peek()
+            .is_some_and(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+        {
+            self.at += 1;
+        }
+        let text = std::str::from_utf8(&self.text[start..self.at]).ok()?;
+        number_value(text)
+    }
+
+    /// `None`, `True`, `False`, or a call such as `Decimal('1.5')`: its arguments read as the
+    /// value it stands for.
+    fn name_or_call(&mut self, depth: usize) -> Option<Value> {
+        let start = self.at;
+        while self
+            .peek()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+        {
+            self.at += 1;
+        }
+        let name = std::str::from_utf8(&self.text[start..self.at])
+            .ok()?
+            .to_owned();
+        self.skip_space();
+        if self.peek() != Some(b'(') {
+            return match name.as_str() {
+                "None" => Some(Value::Null),
+                "True" => Some(Value::Bool(true)),
+                "False" => Some(Value::Bool(false)),
+                _ => Some(Value::String(name)),
+            };
+        }
+        self.at += 1;
+        let mut args = Vec::new();
+        loop {
+            if self.eat(b')') {
+                break;
+            }
+            // A keyword argument (`tzinfo=…`) is read and left out.
+            let mark = self.at;
+            let keyword = self.keyword();
+            let value = self.value(depth + 1)?;
+            if !keyword {
+                args.push(value);
+            }
+            if mark == self.at {
+                return None;
+            }
+            if !self.eat(b',') {
+                if !self.eat(b')') {
+                    return None;
+                }
+                break;
+            }
+        }
+        Some(called(&name, &args))
+    }
+
+    /// Skips `name=` when the next argument is a keyword argument.
+    fn keyword(&mut self) -> bool {
+        self.skip_space();
+        let start = self.at;
+        let mut end = start;
+        while self
+            .text
+            .get(end)
+            .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        {
+            end += 1;
+        }
+        if end > start && self.text.get(end) == Some(&b'=') && self.text.get(end + 1) != Some(&b'=')
+        {
+            self.at = end + 1;
+            return true;
+        }
+        false
+    }
+}
+
+fn number_value(text: &str) -> Option<Value> {
+    if let Ok(int) = text.parse::<i64>() {
+        return Some(Value::Number(int.into()));
+    }
+    let float = text.parse::<f64>().ok()?;
+    Number::from_f64(float).map(Value::Number)
+}
+
+/// The value a call stands for: a date or time as ISO 8601, a `Decimal` or `UUID` as its text,
+/// anything else as its arguments.
+fn called(name: &str, args: &[Value]) -> Value {
+    let ints: Option<Vec<i64>> = args.iter().map(Value::as_i64).collect();
+    let short = name.rsplit('.').next().unwrap_or(name);
+    match (short, ints.as_deref()) {
+        ("date", Some([y, m, d])) => Value::String(format!("{y:04}-{m:02}-{d:02}")),
+        ("datetime", Some([y, m, d, rest @ ..])) => {
+            let [h, mi, s] = [0, 1, 2].map(|i| rest.get(i).copied().unwrap_or(0));
+            Value::String(format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}"))
+        }
+        ("time", Some([h, mi, rest @ ..])) => {
+            let s = rest.first().copied().unwrap_or(0);
+            Value::String(format!("{h:02}:{mi:02}:{s:02}"))
+        }
+        _ => match args {
+            [only] => match only {
+                Value::String(s) => Value::String(s.clone()),
+                other => other.clone(),
+            },
+            [] => Value::String(format!("{name}()")),
+            many => Value::Array(many.to_vec()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn opens_mcp_envelopes_down_to_the_result() {
+        let inner =
+            r#"{"server_name":"GitHub","data":[{"sha":"9960874","author":{"login":"zjwu0522"}}]}"#;
+        let result = json!({"meta": null, "content": [{"type": "text", "text": inner, "annotations": null, "meta": null}],
+            "structuredContent": null, "isError": false});
+        let part = json!({"type": "text", "text": result.to_string()});
+        assert_eq!(
+            tree(&part.to_string()),
+            Some(
+                json!({"server_name": "GitHub", "data": [{"sha": "9960874", "author": {"login": "zjwu0522"}}]})
+            )
+        );
+        // A list of text parts, as a chat message's content carries them.
+        let parts = json!([{"type": "text", "text": "[1, 2]"}, {"type": "text", "text": "[3]"}]);
+        assert_eq!(
+            read(&parts.to_string()),
+            Payload::Text(Cow::Borrowed("[1, 2]\n[3]"))
+        );
+        // Text inside an envelope is text.
+        let wrapped = json!({"type": "text", "text": "No results"});
+        assert_eq!(
+            read(&wrapped.to_string()),
+            Payload::Text(Cow::Borrowed("No results"))
+        );
+    }
+
+    #[test]
+    fn leaves_objects_that_only_look_like_envelopes() {
+        let object = json!({"type": "text", "text": "hello", "author": "Mia"});
+        assert_eq!(tree(&object.to_string()), Some(object));
+        let page = json!({"content": [1, 2], "title": "Page 2"});
+        assert_eq!(tree(&page.to_string()), Some(page));
+        assert_eq!(
+            read("plain words"),
+            Payload::Text(Cow::Borrowed("plain words"))
+        );
+    }
+
+    #[test]
+    fn reads_what_database_tools_print() {
+        let rows = "[{'department_name': 'Finance', 'manager_start_date': datetime.date(1989, 12, 17), \
+                    'tenure_years': Decimal('35.8'), 'current_employees': 12437, 'active': True, \
+                    'note': None, 'at': datetime.datetime(2024, 5, 1, 9, 30, tzinfo=datetime.timezone.utc)}]";
+        assert_eq!(
+            python_literal(rows),
+            Some(
+                json!([{"department_name": "Finance", "manager_start_date": "1989-12-17",
+                "tenure_years": "35.8", "current_employees": 12437, "active": true, "note": null,
+                "at": "2024-05-01T09:30:00"}])
+            )
+        );
+        assert_eq!(
+            python_literal(r#"("it's", 'say "hi"', -1.5e3, (1,))"#),
+            Some(json!(["it's", "say \"hi\"", -1500.0, [1]]))
+        );
+        assert_eq!(python_literal("{'a': 1"), None);
+        assert_eq!(python_literal("[1, 2] trailing"), None);
+        assert_eq!(python_literal("Decimal('1.5')"), None);
+        let deep = "[".repeat(1_000) + &"]".repeat(1_000);
+        assert_eq!(python_literal(&deep), None);
+    }
+
+    #[test]
+    fn a_python_result_in_an_envelope_is_a_tree() {
+        let result = json!({"content": [{"type": "text", "text": "[{'avg': Decimal('29.1')}]"}], "isError": false});
+        assert_eq!(tree(&result.to_string()), Some(json!([{"avg": "29.1"}])));
+    }
+}
