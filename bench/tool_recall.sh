@@ -15,7 +15,7 @@ config="${1:-config.toml}"
 shift || true
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  files=(../shared/data/tau2_bench_dev.jsonl ../shared/data/tau_bench_airline_gpt4o.jsonl ../shared/data/github_api_tool_results.jsonl ../shared/data/toolbench_examples.jsonl)
+  files=(../shared/data/tau2_bench_dev.jsonl ../shared/data/tau_bench_airline_gpt4o.jsonl ../shared/data/mcpmark_postgres_dev.jsonl ../shared/data/mcpmark_mcp_agent_trajectories.jsonl ../shared/data/github_api_tool_results.jsonl ../shared/data/toolbench_examples.jsonl)
 fi
 cargo build --release --quiet
 for file in "${files[@]}"; do

@@ -145,6 +145,7 @@ fn savings(args: &AnalyzeArgs, config: &Config, tokenizers: &Tokenizers) -> Outc
         }
     }
     print!("{}", super::render_fidelity(&analyses));
+    print!("{}", super::render_loss_kinds(&analyses));
     if args.losses {
         print!("{}", super::render_losses(&analyses));
     }

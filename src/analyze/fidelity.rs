@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::openai::{ChatRequest, Message, Role};
+use crate::pipeline::payload::{self, Payload};
 use crate::pipeline::{OverPart, Rewrite, StageName};
 
 /// What the model answered to a recorded request.
@@ -188,6 +189,102 @@ pub struct Loss {
     pub from_end: Option<i64>,
     /// The first stage whose output lacks it (`budget` when the first pass kept it).
     pub stage: StageName,
+    /// What it was in that message.
+    pub kind: LossKind,
+}
+
+/// What a lost identifier was where the conversation said it, most specific first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// In a fenced code block or inline code.
+    Code,
+    /// In a row of a table: a list of objects, or lines with `|` or tabs.
+    Table,
+    /// A number outside a table.
+    Number,
+    /// In text that is no JSON (prose, logs).
+    Prose,
+    /// An id, code or name in a JSON value.
+    Id,
+}
+
+impl LossKind {
+    pub const ALL: [LossKind; 5] = [
+        LossKind::Table,
+        LossKind::Number,
+        LossKind::Prose,
+        LossKind::Code,
+        LossKind::Id,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossKind::Code => "code",
+            LossKind::Table => "table",
+            LossKind::Number => "number",
+            LossKind::Prose => "prose",
+            LossKind::Id => "id",
+        }
+    }
+
+    /// What `id` was in `text`, the content of the message that held it.
+    pub fn of(id: &str, text: &str) -> LossKind {
+        if in_code(id, text) {
+            return LossKind::Code;
+        }
+        let content = payload::read(text);
+        let in_table = match &content {
+            Payload::Tree(tree) => in_rows(id, tree),
+            Payload::Text(text) => text
+                .lines()
+                .any(|l| l.contains(id) && (l.contains(" | ") || l.contains('\t'))),
+        };
+        if in_table {
+            LossKind::Table
+        } else if id.parse::<f64>().is_ok() {
+            LossKind::Number
+        } else if matches!(content, Payload::Text(_)) {
+            LossKind::Prose
+        } else {
+            LossKind::Id
+        }
+    }
+}
+
+/// Whether `id` is inside a fenced block or between backticks of `text`.
+fn in_code(id: &str, text: &str) -> bool {
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if line.contains(id)
+            && (fenced
+                || line
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .any(|code| code.contains(id)))
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `id` is a value of a list of at least two objects (rows) in `tree`.
+fn in_rows(id: &str, tree: &Value) -> bool {
+    match tree {
+        Value::Array(items) => {
+            let rows = items.len() >= 2 && items.iter().all(Value::is_object);
+            (rows && items.iter().any(|row| row.to_string().contains(id)))
+                || items.iter().any(|item| in_rows(id, item))
+        }
+        Value::Object(map) => map.values().any(|v| in_rows(id, v)),
+        _ => false,
+    }
 }
 
 /// Fidelity totals over some requests.
@@ -314,12 +411,20 @@ impl Fidelity {
                 .iter()
                 .find(|(_, text)| !text.contains(id.as_str()))
                 .map_or(StageName::Budget, |(stage, _)| *stage);
+            let text = holder.map(|(_, m)| {
+                m.content
+                    .get()
+                    .map(|c| c.text().into_owned())
+                    .unwrap_or_default()
+                    + &serde_json::to_string(m.tool_calls()).unwrap_or_default()
+            });
             self.losses.push(Loss {
                 index,
                 id: id.clone(),
                 role: holder.map(|(_, m)| m.role.as_str().to_owned()),
                 from_end: holder.map(|(k, _)| -(k as i64 + 1)),
                 stage,
+                kind: LossKind::of(id, text.as_deref().unwrap_or_default()),
             });
         }
     }
@@ -362,6 +467,23 @@ mod tests {
             Answer::from_recording(&json!({"response": {"choices": [{"message": message}]}}))
                 .unwrap();
         assert_eq!(answer.tools, vec!["modify"]);
+    }
+
+    #[test]
+    fn losses_are_told_apart_by_kind() {
+        let code =
+            "Run it:\n```sh\ndocker run -p 8000:8000 postgres:13\n```\nThen `export PGPORT=5433`.";
+        assert_eq!(LossKind::of("8000:8000", code), LossKind::Code);
+        assert_eq!(LossKind::of("PGPORT", code), LossKind::Code);
+        let rows = r#"[{"dept": "Finance", "avg": "35.8"}, {"dept": "Sales", "avg": "34.6"}]"#;
+        assert_eq!(LossKind::of("34.6", rows), LossKind::Table);
+        assert_eq!(
+            LossKind::of("29.1", "avg | 29.1\nmax | 31"),
+            LossKind::Table
+        );
+        assert_eq!(LossKind::of("29.1", r#"{"avg": 29.1}"#), LossKind::Number);
+        assert_eq!(LossKind::of("Mia", "Hi, I am Mia."), LossKind::Prose);
+        assert_eq!(LossKind::of("W77", r#"{"order": "W77"}"#), LossKind::Id);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::openai::{ChatRequest, Role};
 use crate::pipeline::tools::inline::{self, undefined_stubs};
 use crate::pipeline::{self, StageName};
 use crate::tokens::Tokenizers;
+use fidelity::LossKind;
 
 pub use command::{AnalyzeArgs, cmd};
 
@@ -370,15 +371,49 @@ pub fn render_fidelity(analyses: &[(String, Analysis)]) -> String {
     out
 }
 
+/// The identifiers lost, by file and the role of the message that held them, by kind (table,
+/// number, prose, code, id). Empty when nothing was lost.
+pub fn render_loss_kinds(analyses: &[(String, Analysis)]) -> String {
+    let mut rows: BTreeMap<(&str, &str), [u64; 5]> = BTreeMap::new();
+    for (name, analysis) in analyses {
+        for loss in &analysis.fidelity.losses {
+            let role = loss.role.as_deref().unwrap_or("-");
+            let column = LossKind::ALL
+                .iter()
+                .position(|k| *k == loss.kind)
+                .unwrap_or(0);
+            rows.entry((name.as_str(), role)).or_default()[column] += 1;
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let width = rows.keys().map(|(f, _)| f.len()).max().unwrap_or(4).max(4);
+    let mut out = format!("losses by kind\n{:<width$}  {:<9}", "file", "role");
+    for kind in LossKind::ALL {
+        out.push_str(&format!("  {:>6}", kind.as_str()));
+    }
+    out.push('\n');
+    for ((file, role), counts) in rows {
+        out.push_str(&format!("{file:<width$}  {role:<9}"));
+        for n in counts {
+            out.push_str(&format!("  {n:>6}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Every identifier a rewrite lost, one line each.
 pub fn render_losses(analyses: &[(String, Analysis)]) -> String {
     let mut out = String::new();
     for (name, analysis) in analyses {
         for loss in &analysis.fidelity.losses {
             out.push_str(&format!(
-                "lost {name}:{}  {:?}  in {} message {}  by {}\n",
+                "lost {name}:{}  {:?}  ({}) in {} message {}  by {}\n",
                 loss.index,
                 loss.id,
+                loss.kind.as_str(),
                 loss.role.as_deref().unwrap_or("-"),
                 loss.from_end
                     .map_or_else(|| "-".to_owned(), |k| k.to_string()),

@@ -12,7 +12,7 @@ mod compact;
 pub mod config;
 pub(crate) mod identifiers;
 mod memo;
-mod payload;
+pub mod payload;
 pub mod prefix;
 mod reinforcement;
 pub mod report;
