@@ -1,7 +1,8 @@
 //! Failures after a 200, steered by request headers: `X-Mock-Stream-Fault` makes an answer fail
 //! midway (`reset-after=N`: the connection is aborted after N stream events; `stall-after=N`:
 //! nothing more is sent, the connection stays open; `early-end-after=N`: the body ends cleanly
-//! there, without a finish reason or `[DONE]`), `X-Mock-Invalid-Json: 1` answers 200 with a
+//! there, without a finish reason or `[DONE]`; `cut-mid-event-after=N`: the body ends cleanly in
+//! the middle of the event after the N first), `X-Mock-Invalid-Json: 1` answers 200 with a
 //! body that is not JSON, and `X-Mock-Fault-On: first|reask|all` says which requests they
 //! apply to (a re-ask: an expansion's, with ctxproxy's definitions message last, or a follow-up
 //! as `X-Mock-Follow-Up-Status` means it).
@@ -33,6 +34,8 @@ pub enum FaultKind {
     Stall,
     /// The body ends cleanly.
     EarlyEnd,
+    /// The body ends cleanly after the first half of the next event.
+    CutMidEvent,
 }
 
 /// The faults a request's headers ask for, when they apply to it.
@@ -59,13 +62,14 @@ impl Faults {
     }
 }
 
-/// `reset-after=N`, `stall-after=N` or `early-end-after=N`.
+/// `reset-after=N`, `stall-after=N`, `early-end-after=N` or `cut-mid-event-after=N`.
 fn parse(value: &str) -> Option<Fault> {
     let (kind, after) = value.trim().split_once('=')?;
     let kind = match kind.trim() {
         "reset-after" => FaultKind::Reset,
         "stall-after" => FaultKind::Stall,
         "early-end-after" => FaultKind::EarlyEnd,
+        "cut-mid-event-after" => FaultKind::CutMidEvent,
         _ => return None,
     };
     let after = after.trim().parse().ok()?;
@@ -101,9 +105,15 @@ type Events = Pin<Box<dyn Stream<Item = Result<Bytes, Infallible>> + Send>>;
 
 /// `events` as a body that fails as `fault` says.
 pub fn failing(events: Events, fault: Fault) -> Body {
+    // A cut mid-event sends the first half of one more event.
+    let cut = usize::from(fault.kind == FaultKind::CutMidEvent);
     let sent = events
-        .take(fault.after)
-        .map(|event| event.map_err(std::io::Error::other));
+        .take(fault.after + cut)
+        .enumerate()
+        .map(move |(i, event)| match event {
+            Ok(event) if i == fault.after => Ok(event.slice(..event.len() / 2)),
+            other => other.map_err(std::io::Error::other),
+        });
     // An error from the body makes the server abort the connection mid-body (after a pause in
     // which what was sent before it is flushed).
     let end = futures_util::stream::once(async move {
@@ -116,7 +126,7 @@ pub fn failing(events: Events, fault: Fault) -> Body {
                 )))
             }
             FaultKind::Stall => std::future::pending().await,
-            FaultKind::EarlyEnd => None,
+            FaultKind::EarlyEnd | FaultKind::CutMidEvent => None,
         }
     })
     .filter_map(std::future::ready);
@@ -152,11 +162,15 @@ mod tests {
         assert_eq!(parse("reset-after=3"), fault(FaultKind::Reset, 3));
         assert_eq!(parse("stall-after=0"), fault(FaultKind::Stall, 0));
         assert_eq!(parse("early-end-after=2"), fault(FaultKind::EarlyEnd, 2));
+        assert_eq!(
+            parse("cut-mid-event-after=1"),
+            fault(FaultKind::CutMidEvent, 1)
+        );
         assert_eq!(parse("explode"), None);
     }
 
     #[tokio::test]
-    async fn a_reset_fails_the_body_after_n_events_and_an_early_end_ends_it() {
+    async fn a_reset_fails_the_body_after_n_events_and_an_early_end_or_a_cut_ends_it() {
         let reset = Fault {
             kind: FaultKind::Reset,
             after: 2,
@@ -165,13 +179,15 @@ mod tests {
         assert!(body.frame().await.unwrap().is_ok());
         assert!(body.frame().await.unwrap().is_ok());
         assert!(body.frame().await.unwrap().is_err());
-        let early = Fault {
-            kind: FaultKind::EarlyEnd,
-            ..reset
+        let body_of = |kind| async move {
+            let body = failing(events(5), Fault { kind, after: 2 });
+            body.collect().await.unwrap().to_bytes()
         };
-        let ended = failing(events(5), early);
-        let bytes = ended.collect().await.unwrap().to_bytes();
-        assert_eq!(bytes, "data: 0\n\ndata: 1\n\n");
+        let two = "data: 0\n\ndata: 1\n\n";
+        assert_eq!(body_of(FaultKind::EarlyEnd).await, two);
+        // Then half of the third event.
+        let cut = body_of(FaultKind::CutMidEvent).await;
+        assert_eq!(cut, format!("{two}data"));
     }
 
     #[test]
