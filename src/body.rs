@@ -12,6 +12,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
@@ -261,7 +262,7 @@ where
                 Err(too_large) => {
                     // Cut here: what was held is let go, the rest of the upstream is not read.
                     *this.inner_done = true;
-                    this.splitter.finish();
+                    *this.splitter = SseSplitter::default();
                     if let Some(count) = this.on_too_large.take() {
                         count();
                         return Poll::Ready(Some(Ok(Frame::data(
@@ -338,31 +339,32 @@ pub struct EndedEarly;
 #[error("{0}")]
 pub struct ToldError(pub String);
 
-pin_project! {
-    /// Fails a chat stream (one event per frame) that did not end complete: one that stopped
-    /// early ends with [`EndedEarly`], one that carried an error event with [`ToldError`] (also
-    /// when it then failed). The observers after it see the failure.
-    pub struct CheckedEnd<B> {
-        #[pin]
-        inner: B,
-        progress: StreamProgress,
-        ended: bool,
-    }
+/// Fails a chat stream (one event per frame) that did not end complete: one that stopped early
+/// ends with [`EndedEarly`], one that carried an error event with [`ToldError`] (also when it
+/// then failed). The observers after it see the failure. `data: [DONE]` ends it: what the
+/// upstream's body holds after it (an error, or nothing for a long time) is not the client's,
+/// and is [drained](drain) in the background.
+pub struct CheckedEnd<B> {
+    /// `None` once the stream ended.
+    inner: Option<Pin<Box<B>>>,
+    progress: StreamProgress,
+    usage_asked: bool,
 }
 
 impl<B> CheckedEnd<B> {
-    pub fn new(inner: B) -> Self {
+    /// `usage_asked`: the request asked for usage, so a complete stream carries it.
+    pub fn new(inner: B, usage_asked: bool) -> Self {
         CheckedEnd {
-            inner,
+            inner: Some(Box::pin(inner)),
             progress: StreamProgress::default(),
-            ended: false,
+            usage_asked,
         }
     }
 }
 
 impl<B> Body for CheckedEnd<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     type Data = Bytes;
@@ -372,30 +374,51 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        if *this.ended {
+        let this = self.get_mut();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if this.progress.done() {
+            if let Some(rest) = this.inner.take() {
+                drain(rest);
+            }
             return Poll::Ready(None);
         }
-        let failure: BoxError = match ready!(this.inner.poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.progress.see(data);
-                }
-                return Poll::Ready(Some(Ok(frame)));
+        let polled = ready!(inner.as_mut().poll_frame(cx));
+        if let Some(Ok(frame)) = polled {
+            if let Some(data) = frame.data_ref() {
+                this.progress.see(data);
             }
-            Some(Err(e)) => match this.progress.ending() {
-                Ending::Failed(told) => Box::new(ToldError(told)),
-                Ending::Complete | Ending::Early => e.into(),
-            },
-            None => match this.progress.ending() {
-                Ending::Complete => return Poll::Ready(None),
-                Ending::Failed(told) => Box::new(ToldError(told)),
-                Ending::Early => Box::new(EndedEarly),
-            },
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        this.inner = None;
+        // The body ended or failed: a complete answer ends as it is, even when its transport
+        // failed after it.
+        let failure: BoxError = match (this.progress.ending(this.usage_asked), polled) {
+            (Ending::Complete, _) => return Poll::Ready(None),
+            (Ending::Failed(told), _) => Box::new(ToldError(told)),
+            (Ending::Early, Some(Err(e))) => e.into(),
+            (Ending::Early, _) => Box::new(EndedEarly),
         };
-        *this.ended = true;
         Poll::Ready(Some(Err(failure)))
     }
+}
+
+/// How long the rest of an upstream body is read after `[DONE]`.
+const DRAIN_AFTER_DONE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads the rest of an upstream body after its answer ended (`[DONE]`), in the background, for
+/// at most [`DRAIN_AFTER_DONE`], then drops it: the client is not held, an upstream that ends
+/// its body keeps its pooled connection, and one that fails or stalls costs nothing more.
+pub fn drain<B>(mut body: B)
+where
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+{
+    tokio::spawn(async move {
+        let rest = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(DRAIN_AFTER_DONE, rest).await;
+    });
 }
 
 /// Why a stream ended in an error after its headers went: set once by the body that ended it,
@@ -472,6 +495,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt;
     use http_body_util::{BodyExt, StreamBody};
     use std::sync::{Arc, Mutex};
 
@@ -543,7 +567,7 @@ mod tests {
     }
 
     /// What a body gives until its end: its data, and the error that ended it, if any.
-    async fn drain<B>(body: B) -> (String, Option<BoxError>)
+    async fn read_to_end<B>(body: B) -> (String, Option<BoxError>)
     where
         B: Body<Data = Bytes, Error = BoxError>,
     {
@@ -566,21 +590,21 @@ mod tests {
     #[tokio::test]
     async fn a_chat_stream_fails_unless_it_ends_complete() {
         for complete in [&[ROLE, FINISH][..], &[ROLE, b"data: [DONE]\n\n"]] {
-            let (_, failure) = drain(CheckedEnd::new(stream_of(complete))).await;
+            let (_, failure) = read_to_end(CheckedEnd::new(stream_of(complete), false)).await;
             assert!(failure.is_none());
         }
-        let (data, failure) = drain(CheckedEnd::new(stream_of(&[ROLE]))).await;
+        let (data, failure) = read_to_end(CheckedEnd::new(stream_of(&[ROLE]), false)).await;
         assert_eq!(data.as_bytes(), ROLE);
         assert!(failure.unwrap().is::<EndedEarly>());
-        let (_, failure) = drain(CheckedEnd::new(stream_of(&[ROLE, ERROR]))).await;
+        let (_, failure) = read_to_end(CheckedEnd::new(stream_of(&[ROLE, ERROR]), false)).await;
         assert_eq!(failure.unwrap().to_string(), "x: no");
     }
 
     #[tokio::test]
     async fn a_failed_body_ends_with_the_event_made_of_its_failure() {
-        let failing = CheckedEnd::new(stream_of(&[ROLE]));
+        let failing = CheckedEnd::new(stream_of(&[ROLE]), false);
         let body = ErrorEventEnd::new(failing, |e| Some(Bytes::from(format!("data: {e}\n\n"))));
-        let (data, failure) = drain(body).await;
+        let (data, failure) = read_to_end(body).await;
         assert!(failure.is_none());
         let expected = format!(
             "{}data: {EndedEarly}\n\n",
@@ -588,10 +612,56 @@ mod tests {
         );
         assert_eq!(data, expected);
         // Told already: nothing is added.
-        let told = ErrorEventEnd::new(CheckedEnd::new(stream_of(&[ROLE, ERROR])), |_| None);
-        let (data, failure) = drain(told).await;
+        let told = ErrorEventEnd::new(CheckedEnd::new(stream_of(&[ROLE, ERROR]), false), |_| None);
+        let (data, failure) = read_to_end(told).await;
         assert!(failure.is_none());
         assert!(data.ends_with(std::str::from_utf8(ERROR).unwrap()));
+    }
+
+    const DONE: &[u8] = b"data: [DONE]\n\n";
+    const USAGE: &[u8] = b"data: {\"choices\":[],\"usage\":{\"total_tokens\":1}}\n\n";
+
+    #[tokio::test]
+    async fn with_usage_asked_a_finish_without_usage_or_done_is_early() {
+        let (_, failure) = read_to_end(CheckedEnd::new(stream_of(&[ROLE, FINISH]), true)).await;
+        assert!(failure.unwrap().is::<EndedEarly>());
+        let (_, failure) =
+            read_to_end(CheckedEnd::new(stream_of(&[ROLE, FINISH, USAGE]), true)).await;
+        assert!(failure.is_none());
+    }
+
+    #[tokio::test]
+    async fn done_ends_the_stream_whatever_the_upstream_does_after_it() {
+        let events = || {
+            [ROLE, FINISH, DONE]
+                .map(|e| Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(e))))
+        };
+        let failing =
+            futures_util::stream::iter(events()).chain(futures_util::stream::iter([Err(
+                std::io::Error::other("reset"),
+            )]));
+        let (data, failure) = read_to_end(CheckedEnd::new(StreamBody::new(failing), true)).await;
+        assert!(failure.is_none(), "{failure:?}");
+        assert!(data.ends_with("data: [DONE]\n\n"));
+        let stalled = futures_util::stream::iter(events()).chain(futures_util::stream::pending());
+        let read = read_to_end(CheckedEnd::new(StreamBody::new(stalled), true));
+        let (_, failure) = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("not held after [DONE]");
+        assert!(failure.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_event_cut_midway_is_dropped_before_the_error_event() {
+        let cut = stream_of(&[ROLE, b"data: {\"choices\":[{\"delta\":{\"content\":\"Wor"]);
+        let checked = CheckedEnd::new(SseEventBody::new(cut, 1024, || {}), false);
+        let body = ErrorEventEnd::new(checked, |e| Some(Bytes::from(format!("data: {e}\n\n"))));
+        let (data, _) = read_to_end(body).await;
+        let expected = format!(
+            "{}data: {EndedEarly}\n\n",
+            std::str::from_utf8(ROLE).unwrap()
+        );
+        assert_eq!(data, expected);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,10 +1,11 @@
 //! Answers that fail after their 200, through the running proxy and the mock upstream (its
 //! `X-Mock-Stream-Fault`, `X-Mock-Invalid-Json` and `X-Mock-Fault-On` headers): a stream that is
-//! reset, stalls or ends early ends with one OpenAI-format error event and nothing after it (no
-//! `[DONE]`, no expanded comment, no usage), in the first answer, an expansion's re-ask or a
-//! continuation; a complete stream ends with `[DONE]` (or a finish reason, when the upstream
-//! sends no `[DONE]`); the request's total timeout bounds the whole exchange; a re-ask answered
-//! with something that is not JSON is a 502.
+//! reset, stalls, ends early or is cut mid-event ends with one whole OpenAI-format error event
+//! and nothing after it (no `[DONE]`, no expanded comment, no usage), in the first answer, an
+//! expansion's re-ask or a continuation; a complete stream ends with `[DONE]` (or, when the
+//! upstream sends no `[DONE]`, its finish reason and the usage asked for), and nothing the
+//! upstream does after `[DONE]` reaches the client or holds it; the request's total timeout
+//! bounds the whole exchange; a re-ask answered with something that is not JSON is a 502.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -17,6 +18,10 @@ use serde_json::{Value, json};
 
 /// A short total timeout, so that a stall test takes about a second.
 const QUICK: &str = "total_timeout_ms = 1000\n";
+
+/// A total timeout no test reaches unless something holds it: for the answers that must come
+/// whole (several upstream round trips in a debug build on a busy machine).
+const ROOMY: &str = "total_timeout_ms = 10000\n";
 
 /// Every tool goes as a stub, whatever its size.
 const STUBS: &str = "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
@@ -79,9 +84,20 @@ fn events(body: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Asserts that every data event of `body` is whole: `[DONE]` or a JSON object.
+fn whole_events(body: &str) {
+    for event in events(body) {
+        if let Some(payload) = event.strip_prefix("data: ") {
+            let whole = payload == "[DONE]" || serde_json::from_str::<Value>(payload).is_ok();
+            assert!(whole, "an event that is not whole: {event:?} in {body}");
+        }
+    }
+}
+
 /// Asserts that `body` ends with exactly one OpenAI-format error event and that nothing of a
-/// complete answer follows or precedes it; returns its code.
+/// complete answer follows or precedes it, every event whole; returns its code.
 fn error_at_end(body: &str) -> String {
+    whole_events(body);
     let events = events(body);
     let last = events.last().unwrap_or_else(|| panic!("empty body"));
     let payload = last
@@ -112,6 +128,7 @@ async fn each_stream_fault_ends_with_its_error_event(
     let expected = [
         ("reset-after=2", "upstream_stream_interrupted"),
         ("early-end-after=2", "upstream_stream_interrupted"),
+        ("cut-mid-event-after=2", "upstream_stream_interrupted"),
         ("stall-after=2", "upstream_timeout"),
     ];
     for (fault, code) in expected {
@@ -146,7 +163,12 @@ async fn a_plain_stream_that_is_reset_or_ends_early_ends_with_an_error_event() {
     let (body, _) = streamed(&proxy, &plain(true), &[]).await;
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
 
-    for fault in ["reset-after=2", "early-end-after=2"] {
+    // Cut in the middle of the third event: that half is not relayed, the error event is whole.
+    for fault in [
+        "reset-after=2",
+        "early-end-after=2",
+        "cut-mid-event-after=2",
+    ] {
         let (body, _) = streamed(&proxy, &plain(true), &[("X-Mock-Stream-Fault", fault)]).await;
         assert_eq!(
             error_at_end(&body),
@@ -158,7 +180,7 @@ async fn a_plain_stream_that_is_reset_or_ends_early_ends_with_an_error_event() {
     let failed = proxy
         .metric("ctxproxy_upstream_errors_total", &[("kind", "body")])
         .await;
-    assert_eq!(failed, 2.0);
+    assert_eq!(failed, 3.0);
 }
 
 #[tokio::test]
@@ -180,11 +202,50 @@ async fn a_finish_reason_without_done_is_a_complete_stream() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, QUICK).await;
     let (whole, _) = streamed(&proxy, &plain(true), &[]).await;
-    // Everything but `[DONE]`: the finish chunk is the last event.
-    let fault = format!("early-end-after={}", events(&whole).len() - 1);
+    // Everything but `[DONE]`: the finish chunk, then the usage chunk ctxproxy asked for (and
+    // leaves out: the client did not ask).
+    let fault = format!("early-end-after={}", events(&whole).len());
     let (body, _) = streamed(&proxy, &plain(true), &[("X-Mock-Stream-Fault", &fault)]).await;
     assert_eq!(format!("{body}data: [DONE]\n\n"), whole);
     assert!(!body.contains("\"error\""), "{body}");
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_after_its_finish_reason_without_the_usage_asked_ends_with_an_error() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, QUICK).await;
+    // ctxproxy asks the usage of every stream (the meter reads it): without it, or `[DONE]`,
+    // the answer is not known to be whole. The upstream's events: the client's, then the usage
+    // chunk; the cut is after the finish chunk.
+    let (whole, _) = streamed(&proxy, &plain(true), &[]).await;
+    let fault = format!("early-end-after={}", events(&whole).len() - 1);
+    let headers = [("X-Mock-Stream-Fault", fault.as_str())];
+    let (body, _) = streamed(&proxy, &plain(true), &headers).await;
+    assert_eq!(error_at_end(&body), "upstream_stream_interrupted");
+    assert!(body.contains("\"finish_reason\":\"stop\""), "{body}");
+}
+
+#[tokio::test]
+async fn nothing_after_done_reaches_the_client_or_holds_it() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, &format!("{ROOMY}{STUBS}")).await;
+    // A plain stream, and an expanded one (the fault on its re-ask: the end of the task).
+    let cases = [
+        (plain(true), vec![]),
+        (with_tools(true), vec![CALL, ("X-Mock-Fault-On", "reask")]),
+    ];
+    for (request, steer) in cases {
+        let (whole, _) = streamed(&proxy, &request, &steer).await;
+        assert!(whole.trim_end().ends_with("data: [DONE]"), "{whole}");
+        // Far more events than the answer has: all of it, `[DONE]` included, then the fault.
+        for fault in ["reset-after=1000", "stall-after=1000"] {
+            let headers = [&steer[..], &[("X-Mock-Stream-Fault", fault)]].concat();
+            let (body, took) = streamed(&proxy, &request, &headers).await;
+            assert_eq!(body, whole, "{fault}");
+            // Not held until the 10 s total timeout.
+            assert!(took < Duration::from_secs(5), "{fault}: {took:?}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -200,7 +261,8 @@ async fn a_first_answer_with_stubs_that_fails_ends_with_an_error_event_and_is_no
 async fn a_re_ask_that_fails_mid_stream_ends_with_an_error_event_and_adds_nothing() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, &format!("{QUICK}{STUBS}")).await;
-    let (whole, _) = streamed(&proxy, &with_tools(true), &[CALL]).await;
+    let roomy = proxy_for(&mock, &format!("{ROOMY}{STUBS}")).await;
+    let (whole, _) = streamed(&roomy, &with_tools(true), &[CALL]).await;
     assert!(
         whole
             .trim_end()
@@ -215,18 +277,23 @@ async fn a_re_ask_that_fails_mid_stream_ends_with_an_error_event_and_adds_nothin
 #[tokio::test]
 async fn the_total_timeout_bounds_an_expanded_stream_re_asks_included() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, &format!("{QUICK}{STUBS}")).await;
-    // The first answer's head after 400 ms, the re-ask's 400 ms later; then the re-ask stalls.
-    let headers = [
-        CALL,
-        ("X-Mock-Latency-Ms", "400"),
-        ("X-Mock-Stream-Fault", "stall-after=1"),
-        ("X-Mock-Fault-On", "reask"),
-    ];
-    let (body, took) = streamed(&proxy, &with_tools(true), &headers).await;
-    assert_eq!(error_at_end(&body), "upstream_timeout");
-    assert!(took >= Duration::from_millis(900), "{took:?}");
-    assert!(took < CUT_WITHIN, "{took:?}");
+    let total = "total_timeout_ms = 1500\n";
+    let proxy = proxy_for(&mock, &format!("{total}{STUBS}")).await;
+    // Each answer's head after `latency`: the re-ask's comes at twice that. With 400 ms it comes
+    // in time and stalls; with 900 ms it would come after the deadline. Either way the request
+    // ends at 1.5 s; a re-ask with a total timeout of its own would end at 2.3 s or later.
+    for latency in ["400", "900"] {
+        let headers = [
+            CALL,
+            ("X-Mock-Latency-Ms", latency),
+            ("X-Mock-Stream-Fault", "stall-after=1"),
+            ("X-Mock-Fault-On", "reask"),
+        ];
+        let (body, took) = streamed(&proxy, &with_tools(true), &headers).await;
+        assert_eq!(error_at_end(&body), "upstream_timeout", "{latency}");
+        assert!(took >= Duration::from_millis(1400), "{latency}: {took:?}");
+        assert!(took < Duration::from_millis(2200), "{latency}: {took:?}");
+    }
 }
 
 #[tokio::test]
@@ -244,7 +311,7 @@ async fn a_re_ask_answered_with_invalid_json_is_a_502_or_an_error_event() {
         (502, "upstream_invalid_response".to_owned())
     );
     let (body, _) = streamed(&proxy, &with_tools(true), &headers).await;
-    assert_eq!(error_at_end(&body), "tool_expansion_failed");
+    assert_eq!(error_at_end(&body), "upstream_invalid_response");
     assert_eq!(
         proxy
             .metric("ctxproxy_tool_expansions_total", &[("outcome", "error")])
@@ -258,7 +325,7 @@ async fn a_json_re_ask_that_fails_midway_is_an_error_status() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, &format!("{QUICK}{STUBS}")).await;
     let expected = [
-        ("reset-after=1", 502, "upstream_unreachable"),
+        ("reset-after=1", 502, "upstream_stream_interrupted"),
         // Half a JSON body, then its end: not JSON.
         ("early-end-after=1", 502, "upstream_invalid_response"),
         ("stall-after=1", 504, "upstream_timeout"),
@@ -299,19 +366,21 @@ async fn a_json_first_answer_is_relayed_as_it_came_or_fails_as_its_body_did() {
     let response = post(&proxy, &with_tools(false), &headers).await;
     assert_eq!(
         json_error(response).await,
-        (502, "upstream_unreachable".to_owned())
+        (502, "upstream_stream_interrupted".to_owned())
     );
 }
 
 #[tokio::test]
 async fn a_continuation_that_fails_mid_stream_ends_with_an_error_event() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, &format!("{QUICK}[continuation]\nenabled = true\n")).await;
+    let continued = "[continuation]\nenabled = true\n";
+    let proxy = proxy_for(&mock, &format!("{QUICK}{continued}")).await;
+    let roomy = proxy_for(&mock, &format!("{ROOMY}{continued}")).await;
     let story = "The keeper climbed the stairs, lit the lamp and watched the ships pass.";
     let request = json!({"model": "gpt-4o", "max_tokens": 4, "stream": true,
         "stream_options": {"include_usage": true},
         "messages": [{"role": "user", "content": "Tell me a short story."}]});
-    let (whole, _) = streamed(&proxy, &request, &[("X-Mock-Reply", story)]).await;
+    let (whole, _) = streamed(&roomy, &request, &[("X-Mock-Reply", story)]).await;
     assert!(whole.trim_end().ends_with("data: [DONE]"), "{whole}");
     // The first part, cut at 4 tokens, then its continuation, which fails.
     let reply = ("X-Mock-Reply", story);

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::openai::sse::all_finished;
+
 use crate::openai::{
     ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, Content, Delta, Extra, FunctionCall,
     FunctionCallDelta, Message, Nullable, Role, ToolCall, ToolCallDelta, Usage,
@@ -72,7 +74,7 @@ impl StreamAssembler {
     /// The completion, when every choice finished (a cut stream has no finish reason).
     pub fn finish(self) -> Option<ChatCompletion> {
         let (id, created, model, extra) = self.head?;
-        if self.choices.is_empty() || self.choices.values().any(|c| c.finish_reason.is_none()) {
+        if !all_finished(self.choices.values().map(|c| c.finish_reason.is_some())) {
             return None;
         }
         let choices = self

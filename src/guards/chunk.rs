@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::openai::sse::event_data;
+use crate::openai::sse::{event_data, is_done};
 
 /// One SSE event of a streamed answer.
 pub enum Event {
@@ -18,7 +18,7 @@ pub enum Event {
 
 pub fn read(raw: &[u8]) -> Event {
     match event_data(raw).as_deref() {
-        Some("[DONE]") => Event::Done,
+        Some(payload) if is_done(payload) => Event::Done,
         Some(payload) => serde_json::from_str::<Value>(payload)
             .ok()
             .filter(|c| c.get("choices").is_some())

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
-use crate::openai::sse::{Ending, SseSplitter, StreamProgress, event_too_large_event};
+use crate::openai::sse::{SseSplitter, StreamProgress, event_too_large_event};
 
 /// The SSE comment that ends an expanded stream, before the names of the tools defined (headers
 /// are gone by then).
@@ -168,7 +168,7 @@ impl ExpandStream {
         if let Some(raw) = self.splitter.finish() {
             self.relay_event(raw, &mut out);
         }
-        if matches!(self.ending(), Ending::Failed(_)) {
+        if self.progress.failed() {
             // The client was told the answer failed: no call of it, stub or not, follows.
             self.held.clear();
         } else if !self.called.is_empty() {
@@ -213,13 +213,17 @@ impl ExpandStream {
         self.progress = StreamProgress::default();
     }
 
-    /// How the current part ended (after [`ExpandStream::end_part`]): complete, failed with an
-    /// error event, or early.
-    pub fn ending(&self) -> Ending {
-        self.progress.ending()
+    /// How the current part is ending, from its events (after [`ExpandStream::end_part`]: how
+    /// it ended).
+    pub fn progress(&self) -> &StreamProgress {
+        &self.progress
     }
 
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
+        // `[DONE]` ended the part: nothing after it is the answer's.
+        if self.progress.done() {
+            return;
+        }
         self.progress.see(&raw);
         let mut chunk = match chunk::read(&raw) {
             Event::Done => {
@@ -608,6 +612,39 @@ mod tests {
             .collect();
         assert_eq!(said, "Let me check. What is your order number?");
         assert!(text_of(&out).contains("\"finish_reason\":\"stop\""));
+    }
+
+    #[test]
+    fn a_part_ends_at_its_done_and_an_unterminated_last_event_is_not_relayed() {
+        let first = [
+            chunk("a", json!({"role": "assistant", "content": ""}), None),
+            chunk("a", call("stubbed", "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let answer = [
+            chunk("b", json!({"content": "Sunny."}), None),
+            chunk("b", json!({}), Some("stop")),
+            usage("b", 5, 3),
+        ]
+        .concat();
+        let whole = |out: &str| {
+            out.split_terminator("\n\n").all(|event| {
+                let data = event.strip_prefix("data: ").unwrap_or("{}");
+                data == "[DONE]" || serde_json::from_str::<Value>(data).is_ok()
+            })
+        };
+        // `[DONE]` with a space after it, then what an upstream should not send after it.
+        let late = chunk("b", json!({"content": "late"}), None);
+        let second = format!("{answer}data: [DONE] \n\n{late}");
+        let out = text_of(&first_then_re_asked(&first, &second));
+        assert!(out.ends_with(DONE), "{out}");
+        assert!(!out.contains("late") && whole(&out), "{out}");
+        // Cut in the middle of its last event: that half is not relayed.
+        let out = text_of(&first_then_re_asked(&first, &format!("{answer}data: [DO")));
+        assert!(!out.contains("[DO") && whole(&out), "{out}");
+        assert!(out.contains("\"Sunny.\""), "{out}");
     }
 
     #[test]

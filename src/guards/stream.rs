@@ -11,7 +11,7 @@ use super::chunk::{self, Event, event, has_delta, restamp, set_delta, set_finish
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{Ending, SseSplitter, StreamProgress, event_too_large_event};
+use crate::openai::sse::{SseSplitter, StreamProgress, event_too_large_event};
 
 /// What to do with a piece of a part's body.
 #[derive(Debug, PartialEq, Eq)]
@@ -168,10 +168,10 @@ impl<'a> StreamRewriter<'a> {
         }
     }
 
-    /// How the current part ended (after [`StreamRewriter::end_part`]): complete, failed with
-    /// an error event, or early.
-    pub fn ending(&self) -> Ending {
-        self.part.progress.ending()
+    /// How the current part is ending, from its events (after [`StreamRewriter::end_part`]:
+    /// how it ended).
+    pub fn progress(&self) -> &StreamProgress {
+        &self.part.progress
     }
 
     /// The upstream is sending the next part (after [`Next::Continue`]).
@@ -241,6 +241,10 @@ impl<'a> StreamRewriter<'a> {
 
     /// One event of the current part: what of it goes to the client is added to `out`.
     fn relay_event(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
+        // `[DONE]` ended the part: nothing after it is the answer's.
+        if self.part.progress.done() {
+            return;
+        }
         self.part.progress.see(&raw);
         // Comments, errors and shapes it does not know go out untouched.
         let mut chunk = match chunk::read(&raw) {

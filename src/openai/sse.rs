@@ -1,7 +1,12 @@
 //! Splits a server-sent-events byte stream into whole events, so the proxy can relay (and later
-//! inspect) one event at a time whatever way the upstream cut its frames.
+//! inspect) one event at a time whatever way the upstream cut its frames, and judges how a chat
+//! completion stream ended from its events: complete, failed with an error event, or early.
+
+use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 /// Accumulates bytes and hands out complete events, each with its terminating blank line, in
 /// time linear in the bytes pushed (a long unterminated event is scanned once, not once per
@@ -65,10 +70,22 @@ impl SseSplitter {
         }
     }
 
-    /// What is left after the stream ended: an unterminated last event, if any.
+    /// What is left after the stream ended. An unterminated last event is incomplete and is
+    /// dropped, as the SSE spec says, so that nothing written after it merges with it; only one
+    /// whose data is whole (`[DONE]` or a JSON object: an upstream that left out the last blank
+    /// line) is given back, terminated.
     pub fn finish(&mut self) -> Option<Bytes> {
         self.searched = 0;
-        (!self.buffer.is_empty()).then(|| self.buffer.split().freeze())
+        let tail = self.buffer.split().freeze();
+        let data = event_data(&tail)?;
+        let whole = is_done(&data)
+            || (data.trim_start().starts_with('{')
+                && serde_json::from_str::<IgnoredAny>(&data).is_ok());
+        whole.then(|| {
+            let mut event = BytesMut::from(tail.trim_ascii_end());
+            event.extend_from_slice(b"\n\n");
+            event.freeze()
+        })
     }
 }
 
@@ -97,8 +114,8 @@ pub fn event_too_large_event(error: EventTooLarge) -> Bytes {
     )
 }
 
-/// An OpenAI-format error as an SSE event: how a stream says it failed after its headers.
-pub fn error_event(message: &str, code: &str) -> Bytes {
+/// An OpenAI-format error as an SSE event.
+fn error_event(message: &str, code: &str) -> Bytes {
     let body = serde_json::json!({"error": {
         "message": message,
         "type": "server_error",
@@ -108,11 +125,30 @@ pub fn error_event(message: &str, code: &str) -> Bytes {
     Bytes::from(format!("data: {body}\n\n"))
 }
 
+/// Whether an event's data is `[DONE]`, the end of an OpenAI stream (whitespace around it
+/// allowed).
+pub fn is_done(data: &str) -> bool {
+    data.trim() == "[DONE]"
+}
+
+/// Whether every choice of an answer finished: at least one choice, and a finish reason for
+/// each (`finished`: one flag per choice). A stream whose choices did not all finish was cut.
+pub fn all_finished(finished: impl IntoIterator<Item = bool>) -> bool {
+    let mut any = false;
+    for one in finished {
+        if !one {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// How a chat completion stream ended, judged from its events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
-    /// `data: [DONE]`, or a finish reason: some OpenAI-compatible servers end a complete answer
-    /// without `[DONE]`.
+    /// `data: [DONE]`; or, as some OpenAI-compatible servers end a complete answer without
+    /// `[DONE]`, every choice seen finished and the usage chunk came when it was asked for.
     Complete,
     /// An error event said why it failed (its code and message).
     Failed(String),
@@ -120,53 +156,81 @@ pub enum Ending {
     Early,
 }
 
-/// Watches the events of a chat completion stream, one at a time, for how it ends. Each event
-/// is scanned for a few byte patterns; only a likely error event is parsed.
+/// What of a chunk tells how the stream ends (the rest of it is skipped, not kept).
+#[derive(Deserialize)]
+struct ChunkEnd {
+    choices: Option<Vec<ChoiceEnd>>,
+    usage: Option<IgnoredAny>,
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceEnd {
+    #[serde(default)]
+    index: u32,
+    finish_reason: Option<IgnoredAny>,
+}
+
+/// Watches the events of a chat completion stream, one at a time, for how it ends.
 #[derive(Debug, Default)]
 pub struct StreamProgress {
     done: bool,
-    finished: bool,
+    /// The choices seen, by index: whether each finished.
+    choices: BTreeMap<u32, bool>,
+    /// A chunk carried usage.
+    usage: bool,
     failed: Option<String>,
 }
 
 impl StreamProgress {
     pub fn see(&mut self, event: &[u8]) {
-        if self.failed.is_none() {
-            self.failed = error_in(event);
+        let Some(data) = event_data(event) else {
+            return;
+        };
+        if is_done(&data) {
+            self.done = true;
+            return;
         }
-        self.finished |= has_finish_reason(event);
-        self.done |= memchr::memmem::find(event, b"[DONE]").is_some()
-            && event_data(event).as_deref() == Some("[DONE]");
+        let Ok(chunk) = serde_json::from_str::<ChunkEnd>(&data) else {
+            return;
+        };
+        if self.failed.is_none() {
+            self.failed = error_in(&chunk);
+        }
+        self.usage |= chunk.usage.is_some();
+        for choice in chunk.choices.into_iter().flatten() {
+            *self.choices.entry(choice.index).or_default() |= choice.finish_reason.is_some();
+        }
     }
 
-    /// How the stream ended, if it ended after the events seen.
-    pub fn ending(&self) -> Ending {
+    /// `data: [DONE]` was seen: the stream is over, whatever may follow.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// How the stream ended, if it ended after the events seen; `usage_asked`: the request
+    /// asked for usage (`stream_options.include_usage`), so a complete stream carries it.
+    pub fn ending(&self, usage_asked: bool) -> Ending {
+        let finished = all_finished(self.choices.values().copied());
         match &self.failed {
             Some(error) => Ending::Failed(error.clone()),
-            None if self.done || self.finished => Ending::Complete,
+            None if self.done || (finished && (self.usage || !usage_asked)) => Ending::Complete,
             None => Ending::Early,
         }
     }
+
+    /// The stream carried an error event.
+    pub fn failed(&self) -> bool {
+        self.failed.is_some()
+    }
 }
 
-/// Whether an event carries a finish reason that is a string (not `null`).
-fn has_finish_reason(event: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"finish_reason\"";
-    memchr::memmem::find_iter(event, KEY).any(|at| {
-        let rest = &event[at + KEY.len()..];
-        let rest = rest.trim_ascii_start();
-        rest.strip_prefix(b":")
-            .is_some_and(|value| value.trim_ascii_start().starts_with(b"\""))
-    })
-}
-
-/// The code and message of an OpenAI-format error event (`{"error": {...}}`, no `choices`).
-pub fn error_in(event: &[u8]) -> Option<String> {
-    memchr::memmem::find(event, b"\"error\"")?;
-    let payload: serde_json::Value = serde_json::from_str(&event_data(event)?).ok()?;
-    let error = payload
-        .get("error")
-        .filter(|_| payload.get("choices").is_none())?;
+/// The code and message of an OpenAI-format error event (an `error` object, no `choices`).
+fn error_in(chunk: &ChunkEnd) -> Option<String> {
+    let error = chunk
+        .error
+        .as_ref()
+        .filter(|e| e.is_object() && chunk.choices.is_none())?;
     let text = |key: &str| error.get(key).and_then(serde_json::Value::as_str);
     let code = text("code").or_else(|| text("type")).unwrap_or("error");
     Some(format!("{code}: {}", text("message").unwrap_or("")))
@@ -221,14 +285,13 @@ mod tests {
     }
 
     #[test]
-    fn crlf_terminators_and_unterminated_tail() {
+    fn crlf_terminators_and_an_incomplete_tail_dropped() {
         let events = split_all(&[b": ping\r\n\r\ndata: x\r\n\r\ndata: tail"]);
         assert_eq!(
             events,
             vec![
                 Bytes::from_static(b": ping\r\n\r\n"),
                 Bytes::from_static(b"data: x\r\n\r\n"),
-                Bytes::from_static(b"data: tail"),
             ]
         );
     }
@@ -256,32 +319,106 @@ mod tests {
         assert_eq!(splitter.next_event(), Err(EventTooLarge { max: 64 }));
     }
 
-    fn ending_of(events: &[&[u8]]) -> Ending {
+    fn ending_of(events: &[&[u8]], usage_asked: bool) -> Ending {
         let mut progress = StreamProgress::default();
         events.iter().for_each(|e| progress.see(e));
-        progress.ending()
+        progress.ending(usage_asked)
     }
+
+    const TEXT: &[u8] = br#"data: {"choices":[{"index":0,"delta":{"content":"a \"finish_reason\": \"x"},"finish_reason":null}]}
+
+"#;
+    const FINISH: &[u8] = br#"data: {"choices":[{"index":0,"delta":{},"finish_reason": "stop"}]}
+
+"#;
+    const USAGE: &[u8] = b"data: {\"choices\":[],\"usage\":{\"total_tokens\":3}}\n\n";
+    const DONE: &[u8] = b"data: [DONE]\n\n";
 
     #[test]
     fn a_stream_ends_complete_failed_or_early() {
-        let text = br#"data: {"choices":[{"index":0,"delta":{"content":"a \"finish_reason\": \"x"},"finish_reason":null}]}
-
-"#;
-        let finish = br#"data: {"choices":[{"index":0,"delta":{},"finish_reason": "stop"}]}
-
-"#;
-        assert_eq!(ending_of(&[text]), Ending::Early);
-        assert_eq!(ending_of(&[text, finish]), Ending::Complete);
-        assert_eq!(ending_of(&[text, b"data: [DONE]\n\n"]), Ending::Complete);
+        assert_eq!(ending_of(&[TEXT], false), Ending::Early);
+        assert_eq!(ending_of(&[TEXT, FINISH], false), Ending::Complete);
+        assert_eq!(ending_of(&[TEXT, DONE], false), Ending::Complete);
         let error =
             br#"data: {"error":{"message":"gone","type":"server_error","param":null,"code":"boom"}}
 
 "#;
         assert_eq!(
-            ending_of(&[text, error, b"data: [DONE]\n\n"]),
+            ending_of(&[TEXT, error, DONE], false),
             Ending::Failed("boom: gone".into())
         );
-        assert_eq!(error_in(text), None);
+    }
+
+    #[test]
+    fn complete_is_every_choice_finished_and_the_usage_asked_for_or_done() {
+        // Usage asked: the finish alone is not the end, the usage chunk (or `[DONE]`) is.
+        assert_eq!(ending_of(&[TEXT, FINISH], true), Ending::Early);
+        assert_eq!(ending_of(&[TEXT, FINISH, USAGE], true), Ending::Complete);
+        assert_eq!(ending_of(&[TEXT, FINISH, DONE], true), Ending::Complete);
+        // Two choices: both must finish.
+        let second =
+            br#"data: {"choices":[{"index":1,"delta":{"content":"b"},"finish_reason":null}]}
+
+"#;
+        let second_finish = br#"data: {"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}
+
+"#;
+        assert_eq!(ending_of(&[TEXT, second, FINISH], false), Ending::Early);
+        assert_eq!(
+            ending_of(&[TEXT, second, FINISH, second_finish], false),
+            Ending::Complete
+        );
+        assert_eq!(ending_of(&[USAGE], false), Ending::Early);
+        assert!(!all_finished([]));
+        assert!(all_finished([true, true]));
+        assert!(!all_finished([true, false]));
+    }
+
+    #[test]
+    fn only_an_error_object_is_a_failure() {
+        let keepalive = b"data: {\"error\": null, \"object\": \"keepalive\"}\n\n";
+        assert_eq!(
+            ending_of(&[keepalive, TEXT, FINISH], false),
+            Ending::Complete
+        );
+        let text_error = b"data: {\"error\": \"a string\"}\n\n";
+        assert_eq!(ending_of(&[text_error, TEXT], false), Ending::Early);
+    }
+
+    #[test]
+    fn done_with_whitespace_around_it_is_done() {
+        assert!(is_done("[DONE] "));
+        assert!(is_done(" [DONE]\r"));
+        assert!(!is_done("[DONE]x"));
+        assert_eq!(
+            ending_of(&[TEXT, b"data: [DONE] \n\n"], true),
+            Ending::Complete
+        );
+    }
+
+    #[test]
+    fn an_unterminated_last_event_is_dropped_unless_its_data_is_whole() {
+        let finish = |tail: &[u8]| {
+            let mut splitter = SseSplitter::new();
+            splitter.push(tail);
+            assert_eq!(splitter.next_event(), Ok(None));
+            splitter.finish()
+        };
+        assert_eq!(
+            finish(b"data: {\"choices\":[{\"delta\":{\"content\":\"Wor"),
+            None
+        );
+        assert_eq!(finish(b"data: [DON"), None);
+        assert_eq!(finish(b": comment"), None);
+        assert_eq!(finish(b""), None);
+        assert_eq!(
+            finish(b"data: [DONE]\n").as_deref(),
+            Some(&b"data: [DONE]\n\n"[..])
+        );
+        assert_eq!(
+            finish(b"data: {\"a\":1}").as_deref(),
+            Some(&b"data: {\"a\":1}\n\n"[..])
+        );
     }
 
     #[test]

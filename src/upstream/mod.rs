@@ -303,12 +303,14 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     find_source::<std::io::Error>(e).is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
 }
 
-/// What the chat route adds to a relay: the observers of the answer, and the SSE events the
-/// client does not get.
+/// What the chat route adds to a relay: the observers of the answer, the SSE events the
+/// client does not get, and whether the stream was asked for usage (then a complete one
+/// carries it).
 #[derive(Default)]
 pub struct ChatRelay {
     pub observer: Option<Box<dyn BodyObserver>>,
     pub drop_event: Option<fn(&[u8]) -> bool>,
+    pub usage_asked: bool,
 }
 
 /// The upstream's stream stopped; `cause` says how.
@@ -360,6 +362,7 @@ impl Upstream {
         let ChatRelay {
             observer,
             drop_event,
+            usage_asked,
         } = chat.unwrap_or_default();
         if !is_sse {
             let body = match observer {
@@ -382,7 +385,7 @@ impl Upstream {
         };
         let framed = SseEventBody::new(observed, max_event, too_large);
         let framed = if checked {
-            Body::new(CheckedEnd::new(framed))
+            Body::new(CheckedEnd::new(framed, usage_asked))
         } else {
             Body::new(framed)
         };

@@ -49,6 +49,8 @@ pub struct Answer {
     expanded: bool,
     /// The client did not ask for the stream's usage event: it is left out of what it gets.
     strip_usage: bool,
+    /// The upstream was asked for the stream's usage (by the client or on its behalf).
+    usage_asked: bool,
 }
 
 impl ChatCall<'_> {
@@ -112,6 +114,8 @@ impl ChatCall<'_> {
         // Usage of every stream, for the token metrics; the client gets it only if it asked.
         let strip_usage =
             self.mode != Mode::Off && self.chat.is_stream() && !self.chat.include_usage();
+        // A complete stream then carries its usage.
+        let usage_asked = strip_usage || self.chat.include_usage();
         let body = match strip_usage
             .then(|| meter::with_stream_usage(&outgoing.body))
             .flatten()
@@ -148,6 +152,7 @@ impl ChatCall<'_> {
             headers: &headers,
             body: &body,
             deadline,
+            usage_asked,
         };
         let mut expansion = outgoing
             .with_stubs
@@ -169,6 +174,7 @@ impl ChatCall<'_> {
             headers: &headers,
             body: &body,
             deadline,
+            usage_asked,
         };
         let mut guard = optimize
             .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
@@ -212,6 +218,7 @@ impl ChatCall<'_> {
             sent_tokens,
             expanded: !log.expanded.is_empty(),
             strip_usage,
+            usage_asked,
         })
     }
 
@@ -225,6 +232,7 @@ impl ChatCall<'_> {
             sent_tokens,
             expanded,
             strip_usage,
+            usage_asked,
         } = answer;
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
         // Recorded from the upstream's bytes, before the usage event is left out for the client.
@@ -271,6 +279,7 @@ impl ChatCall<'_> {
             observer: (!observers.is_empty())
                 .then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>),
             drop_event: strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool),
+            usage_asked,
         };
         self.upstream.relay(answer, &state.metrics, Some(chat))
     }

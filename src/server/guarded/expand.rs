@@ -34,6 +34,8 @@ pub struct ExpandCall {
     headers: HeaderMap,
     /// The request's deadline: every re-ask ends by it.
     deadline: tokio::time::Instant,
+    /// Its streams were asked for usage.
+    usage_asked: bool,
     request: ChatRequest,
     client_tools: Vec<Tool>,
     /// The tools `request` offers as stubs.
@@ -79,6 +81,7 @@ impl ExpandCall {
             uri: sent.uri.clone(),
             headers: sent.headers.clone(),
             deadline: sent.deadline,
+            usage_asked: sent.usage_asked,
             request,
             client_tools,
             stubs,
@@ -138,6 +141,21 @@ impl ExpandCall {
         serde_json::to_vec(&request)
             .ok()
             .map(|body| self.as_sent(body))
+    }
+
+    /// The body of a streamed re-ask's answer; an answer that is not a successful stream (an
+    /// error status, JSON) is an error: the stream's headers are gone, it cannot be relayed.
+    fn stream_of(&self, answer: UpstreamResponse) -> Result<Body, ProxyError> {
+        let status = answer.response.status();
+        if status.is_success() && is_event_stream(answer.response.headers()) {
+            return Ok(answer.response.into_body());
+        }
+        Err(ProxyError::UpstreamInvalidResponse {
+            upstream: self.upstream.config.name.clone(),
+            reason: format!(
+                "the answer to a re-ask with a tool's definition is not a stream (status {status})"
+            ),
+        })
     }
 
     async fn ask(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {
@@ -322,6 +340,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             &mut rewriter,
             body,
             events,
+            call.usage_asked,
         );
         let Some(end) = pumped.await else {
             return;
@@ -345,27 +364,21 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                 let next = match call.define(&called) {
                     // A client that left is not asked for again.
                     Ok(request) => tokio::select! {
-                        next = call.ask(request) => next.ok(),
+                        next = call.ask(request) => next,
                         () = events.closed() => return,
                     },
-                    Err(_) => None,
+                    Err(e) => Err(e),
                 };
                 expanded.extend(called);
-                match next {
-                    Some(next)
-                        if next.response.status().is_success()
-                            && is_event_stream(next.response.headers()) =>
-                    {
+                match next.and_then(|next| call.stream_of(next)) {
+                    Ok(next) => {
                         rewriter.re_asked(call.stubs.clone());
-                        body = next.response.into_body();
+                        body = next;
                     }
-                    _ => {
+                    // The error event says why: the upstream's timeout, failure, or answer.
+                    Err(e) => {
                         call.count(ExpansionOutcome::Error, expanding);
-                        let error = crate::openai::sse::error_event(
-                            "ctxproxy could not ask the upstream again for a tool it had sent as a stub",
-                            "tool_expansion_failed",
-                        );
-                        forward(events, error).await;
+                        forward(events, e.sse_event()).await;
                         return;
                     }
                 }

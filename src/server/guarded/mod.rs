@@ -17,7 +17,7 @@ use std::sync::Arc;
 use axum::http::response::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -28,7 +28,7 @@ use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARN
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::openai::ChatRequest;
 use crate::tokens::Encoding;
-use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
+use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, interrupted, is_event_stream};
 
 /// The largest JSON answer read to guard it; a larger one is relayed unguarded.
 const MAX_JSON_BYTES: usize = 16 * 1024 * 1024;
@@ -44,19 +44,23 @@ pub struct GuardCall {
     sent: Bytes,
     /// The request's deadline: every re-ask ends by it.
     deadline: Instant,
+    /// Its streams were asked for usage.
+    usage_asked: bool,
     budget: Option<Budget>,
     tools_offered: bool,
     /// The client's tools, for a retry (only when retries are on).
     client_tools: Option<Value>,
 }
 
-/// The request as it was sent upstream, and when the whole answer must have arrived.
+/// The request as it was sent upstream, when the whole answer must have arrived, and whether
+/// a complete stream of it carries usage.
 #[derive(Clone, Copy)]
 pub struct Sent<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
     pub deadline: Instant,
+    pub usage_asked: bool,
 }
 
 /// The request's token budget, and the encoding its continuation requests are counted in.
@@ -115,6 +119,7 @@ impl GuardCall {
             headers: sent.headers.clone(),
             sent: sent.body.clone(),
             deadline: sent.deadline,
+            usage_asked: sent.usage_asked,
             budget: budget.map(|max_tokens| Budget {
                 max_tokens,
                 encoding,
@@ -212,9 +217,16 @@ async fn read_whole(
     let bytes = tokio::time::timeout_at(deadline, read)
         .await
         .map_err(|_| upstream.total_timeout())?
-        .map_err(|e| ProxyError::UpstreamUnreachable {
-            upstream: upstream.config.name.clone(),
-            reason: format!("cannot read the answer: {e}"),
+        .map_err(|e| {
+            let name = &upstream.config.name;
+            if e.is::<LengthLimitError>() {
+                return ProxyError::UpstreamInvalidResponse {
+                    upstream: name.clone(),
+                    reason: format!("the answer is larger than {MAX_JSON_BYTES} bytes"),
+                };
+            }
+            // It answered: its body failed midway.
+            interrupted(name, &*e)
         })?
         .to_bytes();
     Ok((parts, bytes, started))

@@ -2,7 +2,8 @@
 //! reads, and a pump that feeds one upstream part to a pure rewriter and forwards what it gives
 //! back. A part that fails (reset, or ended before its end) ends the answer with an error
 //! event, and nothing the task would add (usage, comments, `[DONE]`) follows it; a part that
-//! stalls is cut by the relay's deadline, the request's.
+//! stalls is cut by the relay's deadline, the request's. A part ends at its `[DONE]`: the rest
+//! of its body is not waited for.
 
 use std::future::Future;
 
@@ -11,11 +12,11 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
-use crate::body::EndedEarly;
+use crate::body::{EndedEarly, drain};
 use crate::guards::expand::{self, ExpandStream};
 use crate::guards::stream::{self, Relay, StreamRewriter};
 use crate::metrics::{Metrics, UpstreamError};
-use crate::openai::sse::Ending;
+use crate::openai::sse::{Ending, StreamProgress};
 use crate::upstream::{Upstream, interrupted};
 
 pub type Events = mpsc::Sender<Result<Bytes, std::io::Error>>;
@@ -25,8 +26,8 @@ pub trait PartRewriter {
     type End;
     fn push(&mut self, data: &[u8]) -> Relay;
     fn end_part(&mut self) -> Self::End;
-    /// How the current part ended (after [`PartRewriter::end_part`]).
-    fn ending(&self) -> Ending;
+    /// How the current part is ending (after [`PartRewriter::end_part`]: how it ended).
+    fn progress(&self) -> &StreamProgress;
 }
 
 impl PartRewriter for StreamRewriter<'_> {
@@ -40,8 +41,8 @@ impl PartRewriter for StreamRewriter<'_> {
         StreamRewriter::end_part(self)
     }
 
-    fn ending(&self) -> Ending {
-        StreamRewriter::ending(self)
+    fn progress(&self) -> &StreamProgress {
+        StreamRewriter::progress(self)
     }
 }
 
@@ -56,8 +57,8 @@ impl PartRewriter for ExpandStream {
         ExpandStream::end_part(self)
     }
 
-    fn ending(&self) -> Ending {
-        ExpandStream::ending(self)
+    fn progress(&self) -> &StreamProgress {
+        ExpandStream::progress(self)
     }
 }
 
@@ -76,16 +77,18 @@ where
 }
 
 /// Feeds one part's body to the rewriter and forwards what it gives back, until the part
-/// ends; `None` when the answer stops here (the client is gone; the upstream failed, ended the
-/// part early, sent an error event or an event too large: the client was told).
+/// ends (its body's end, or `[DONE]`); `None` when the answer stops here (the client is gone;
+/// the upstream failed, ended the part early, sent an error event or an event too large: the
+/// client was told). `usage_asked`: the request asked for usage, so a complete part carries it.
 pub async fn pump<R: PartRewriter>(
     upstream: &Upstream,
     metrics: &Metrics,
     rewriter: &mut R,
     mut body: Body,
     events: &Events,
+    usage_asked: bool,
 ) -> Option<R::End> {
-    loop {
+    let failure = loop {
         let frame = tokio::select! {
             frame = body.frame() => frame,
             () = events.closed() => return None,
@@ -108,27 +111,30 @@ pub async fn pump<R: PartRewriter>(
                         return None;
                     }
                 }
+                if rewriter.progress().done() {
+                    drain(body);
+                    break None;
+                }
             }
-            // The upstream failed mid-answer: the client's stream says so, and ends.
-            Some(Err(e)) => {
-                upstream.count_error(metrics, UpstreamError::Body);
-                forward(events, interrupted(&upstream.config.name, &e).sse_event()).await;
-                return None;
-            }
-            None => {
-                let end = rewriter.end_part();
-                return match rewriter.ending() {
-                    Ending::Complete => Some(end),
-                    // Its error event went out as it came.
-                    Ending::Failed(_) => None,
-                    Ending::Early => {
-                        upstream.count_error(metrics, UpstreamError::Body);
-                        let error = interrupted(&upstream.config.name, &EndedEarly);
-                        forward(events, error.sse_event()).await;
-                        None
-                    }
-                };
-            }
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    let end = rewriter.end_part();
+    match rewriter.progress().ending(usage_asked) {
+        Ending::Complete => Some(end),
+        // Its error event went out as it came.
+        Ending::Failed(_) => None,
+        // The upstream failed or stopped mid-answer: the client's stream says so, and ends.
+        Ending::Early => {
+            upstream.count_error(metrics, UpstreamError::Body);
+            let name = &upstream.config.name;
+            let error = match failure {
+                Some(e) => interrupted(name, &e),
+                None => interrupted(name, &EndedEarly),
+            };
+            forward(events, error.sse_event()).await;
+            None
         }
     }
 }

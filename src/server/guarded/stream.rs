@@ -42,6 +42,7 @@ async fn relay(call: &GuardCall, first: Body, events: &Events) {
             &mut rewriter,
             body,
             events,
+            call.usage_asked,
         );
         let Some(PartEnd { events: last, next }) = pumped.await else {
             return;
