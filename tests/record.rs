@@ -309,6 +309,37 @@ async fn a_full_queue_drops_records_and_requests_go_on() {
 }
 
 #[tokio::test]
+async fn the_queue_is_bounded_in_bytes_too() {
+    let mock = start_mock(MockOptions::default()).await;
+    let dir = temp_dir("record-bytes");
+    let fifo = dir.join("stuck.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Room for 1,000 exchanges, but only 40 KB: two of these 12 KB questions at most.
+    let record = "queue_capacity = 1000\nqueue_max_bytes = 40000";
+    let proxy = recording_proxy(&mock, &fifo, record).await;
+    let long = "why ".repeat(3_000);
+    for n in 0..20 {
+        let answer = post(&proxy, &question(&format!("{long} {n}?")), &[]).await;
+        assert_eq!(answer.status(), 200, "a request waited for the recorder");
+    }
+    let dropped = proxy.metric("ctxproxy_record_dropped_total", &[("reason", "queue_full")]);
+    let dropped = dropped.await;
+    assert!((17.0..=19.0).contains(&dropped), "{dropped}");
+    let reader = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let file = std::io::BufReader::new(std::fs::File::open(&fifo).unwrap());
+        file.lines().take(20 - dropped as usize).count()
+    });
+    assert_eq!(wait_for_records(&proxy, 20.0).await.0, 20.0 - dropped);
+    assert_eq!(reader.await.unwrap(), 20 - dropped as usize);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
 async fn a_recording_replays_through_ctxproxy() {
     let mock = start_mock(MockOptions::default()).await;
     let dir = temp_dir("record-replay");

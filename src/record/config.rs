@@ -15,6 +15,8 @@ pub struct RecordConfig {
     pub max_files: u32,
     /// Records waiting for the writer; when full, new records are dropped and counted.
     pub queue_capacity: usize,
+    /// Bytes those exchanges may hold (requests, rewrites and responses); past it, as full.
+    pub queue_max_bytes: usize,
     /// Request headers never written, besides those always left out (`Authorization`,
     /// `Proxy-Authorization`, `Cookie`, `X-Api-Key`, `Api-Key`). Case-insensitive.
     pub redact_headers: Vec<String>,
@@ -28,6 +30,7 @@ impl Default for RecordConfig {
             max_bytes: 100 * 1024 * 1024,
             max_files: 5,
             queue_capacity: 1024,
+            queue_max_bytes: 64 * 1024 * 1024,
             redact_headers: Vec::new(),
         }
     }
@@ -48,6 +51,9 @@ impl RecordConfig {
         }
         if self.max_files == 0 {
             return err("max_files", "must be at least 1");
+        }
+        if self.queue_max_bytes == 0 {
+            return err("queue_max_bytes", "must be at least 1");
         }
         if self.queue_capacity == 0 {
             return err("queue_capacity", "must be at least 1");

@@ -51,6 +51,22 @@ pub struct Exchange {
     pub end: Option<BodyEnd>,
 }
 
+impl Exchange {
+    /// About the bytes the exchange holds: its bodies and headers.
+    pub fn approximate_bytes(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 32)
+            .sum();
+        self.request.len()
+            + self.rewritten.as_ref().map_or(0, Bytes::len)
+            + self.response.iter().map(|b| b.len() + 32).sum::<usize>()
+            + headers
+            + std::mem::size_of::<Exchange>()
+    }
+}
+
 #[derive(Serialize)]
 struct Head<'a> {
     time: String,

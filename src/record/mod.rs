@@ -9,7 +9,7 @@ mod entry;
 mod writer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,7 +28,8 @@ use crate::metrics::RecordDrop;
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 pub enum Message {
-    Exchange(Box<Exchange>),
+    /// An exchange to write, and the bytes it counts in the queue's bound.
+    Exchange(Box<Exchange>, usize),
     /// Flush, answer, and stop.
     Close(std::sync::mpsc::Sender<()>),
 }
@@ -37,6 +38,9 @@ pub enum Message {
 /// exchanges. Disabled (and free) when `[record] path` is empty.
 pub struct Recorder {
     queue: Option<SyncSender<Message>>,
+    /// Bytes of the exchanges queued, and at most how many (`queue_max_bytes`).
+    queued_bytes: Arc<AtomicUsize>,
+    max_queued_bytes: usize,
     sample_rate: f64,
     seen: AtomicU64,
     dropped: IntCounterVec,
@@ -49,6 +53,7 @@ impl Recorder {
         written: IntCounter,
         dropped: IntCounterVec,
     ) -> std::io::Result<Recorder> {
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
         let queue = if config.enabled() {
             let (sender, receiver): (SyncSender<Message>, Receiver<Message>) =
                 std::sync::mpsc::sync_channel(config.queue_capacity);
@@ -56,6 +61,7 @@ impl Recorder {
             let metrics = writer::WriterMetrics {
                 written,
                 dropped: dropped.clone(),
+                queued_bytes: queued_bytes.clone(),
             };
             std::thread::Builder::new()
                 .name("ctxproxy-recorder".into())
@@ -66,6 +72,8 @@ impl Recorder {
         };
         Ok(Recorder {
             queue,
+            queued_bytes,
+            max_queued_bytes: config.queue_max_bytes,
             sample_rate: config.sample_rate,
             seen: AtomicU64::new(0),
             dropped,
@@ -94,18 +102,27 @@ impl Recorder {
         })
     }
 
-    /// Queues a finished exchange, or drops and counts it when the queue is full.
+    /// Queues a finished exchange, or drops and counts it when the queue is full (in
+    /// exchanges or in bytes).
     fn submit(&self, exchange: Exchange) {
         let Some(queue) = &self.queue else {
             return;
         };
-        match queue.try_send(Message::Exchange(Box::new(exchange))) {
-            Ok(()) => {}
+        let bytes = exchange.approximate_bytes();
+        let queued = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if queued + bytes > self.max_queued_bytes {
+            self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.count_dropped(RecordDrop::QueueFull);
+            return;
+        }
+        match queue.try_send(Message::Exchange(Box::new(exchange), bytes)) {
+            Ok(()) => return,
             Err(TrySendError::Full(_)) => self.count_dropped(RecordDrop::QueueFull),
             Err(TrySendError::Disconnected(_)) => {
                 self.count_dropped(RecordDrop::WriterStopped);
             }
         }
+        self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     fn count_dropped(&self, reason: RecordDrop) {

@@ -5,6 +5,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 
 use prometheus::{IntCounter, IntCounterVec};
@@ -113,6 +115,8 @@ fn rename_if_present(from: &Path, to: &Path) -> std::io::Result<()> {
 pub struct WriterMetrics {
     pub written: IntCounter,
     pub dropped: IntCounterVec,
+    /// The queue's bytes, given back as each exchange is written.
+    pub queued_bytes: Arc<AtomicUsize>,
 }
 
 /// The thread's loop: one blocking receive, then whatever else is queued, then one flush. Ends
@@ -141,7 +145,11 @@ pub fn run(config: RecordConfig, queue: Receiver<Message>, metrics: WriterMetric
         let mut next = Some(message);
         while let Some(message) = next.take() {
             match message {
-                Message::Exchange(exchange) => write(&exchange, &mut file),
+                Message::Exchange(exchange, bytes) => {
+                    write(&exchange, &mut file);
+                    drop(exchange);
+                    metrics.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                }
                 Message::Close(done) => {
                     let _ = file.flush();
                     let _ = done.send(());
