@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -16,7 +17,7 @@ use crate::cache::CacheConfig;
 use crate::glob::glob_match;
 use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
 use crate::pipeline::PipelineConfig;
-use crate::pipeline::config::ToolsConfig;
+use crate::pipeline::config::{Definitions, ToolsConfig};
 use crate::record::RecordConfig;
 use crate::store::StoreConfig;
 use crate::tokens::Encoding;
@@ -155,6 +156,8 @@ pub struct RawUpstream {
     pub tokenizer: String,
     /// Largest server-sent event accepted from an upstream stream (every upstream).
     pub max_event_bytes: u64,
+    /// Where a tool needed later gets its full definition: `auto`, `in_place`, `in_block`.
+    pub tool_definitions: Definitions,
 }
 
 impl Default for RawUpstream {
@@ -168,6 +171,7 @@ impl Default for RawUpstream {
             connect_retries: 1,
             pool_idle_timeout_secs: 90,
             pool_max_idle_per_host: 256,
+            tool_definitions: Definitions::Auto,
             tokenizer: "auto".into(),
             max_event_bytes: 16 * 1024 * 1024,
         }
@@ -199,6 +203,9 @@ pub struct RawRoute {
     pub reinforcement: Option<ReinforcementConfig>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action_check: Option<ActionCheckConfig>,
+    /// Where a tool needed later gets its definition; default `[upstream]`'s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_definitions: Option<Definitions>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -323,6 +330,9 @@ pub struct UpstreamConfig {
     pub tokenizer: Option<Encoding>,
     /// Continuation, reinforcement and the action check for requests to this upstream.
     pub guards: Guards,
+    /// The pipeline's config for requests to this upstream: `[pipeline]` and `[tools]`, with
+    /// the upstream's `tool_definitions` resolved.
+    pub pipeline: Arc<PipelineConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -339,6 +349,14 @@ impl Config {
             .find(|route| route.patterns.iter().any(|p| glob_match(p, model)))
             .map(|route| route.upstream)
             .or(self.default_upstream)
+    }
+
+    /// The pipeline's config for a model: its upstream's (`tool_definitions` resolved), else
+    /// the global one.
+    pub fn pipeline_for_model(&self, model: &str) -> &PipelineConfig {
+        self.upstream_for_model(model)
+            .and_then(|i| self.upstreams.get(i))
+            .map_or(&self.pipeline, |u| &u.pipeline)
     }
 
     /// The price of a model: an exact `[prices]` entry, else the first glob that matches.
@@ -501,6 +519,8 @@ impl RawConfig {
 
         let defaults = &self.upstream;
         let mut upstreams = Vec::new();
+        // Each upstream's `tool_definitions`, as configured (resolved below).
+        let mut placements = Vec::new();
         let mut default_upstream = None;
         if !defaults.base_url.is_empty() {
             let timeouts = (
@@ -508,6 +528,7 @@ impl RawConfig {
                 defaults.first_byte_timeout_ms,
                 defaults.total_timeout_ms,
             );
+            placements.push(defaults.tool_definitions);
             upstreams.push(upstream_config(
                 "upstream",
                 "default",
@@ -565,6 +586,7 @@ impl RawConfig {
                 route.total_timeout_ms.unwrap_or(defaults.total_timeout_ms),
             );
             let tokenizer = route.tokenizer.as_deref().unwrap_or(&defaults.tokenizer);
+            placements.push(route.tool_definitions.unwrap_or(defaults.tool_definitions));
             upstreams.push(upstream_config(
                 &key,
                 &name,
@@ -636,6 +658,15 @@ impl RawConfig {
         pipeline
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        for (upstream, placement) in upstreams.iter_mut().zip(&placements) {
+            let mut resolved = pipeline.clone();
+            resolved.tools.definitions = placement.for_base_url(&upstream.base_url);
+            upstream.pipeline = Arc::new(resolved);
+        }
+        // Unrouted uses (analyze) read the default upstream's.
+        if let Some(default) = default_upstream.and_then(|i| upstreams.get(i)) {
+            pipeline.tools.definitions = default.pipeline.tools.definitions;
+        }
         self.store
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(key, message))?;
@@ -740,6 +771,7 @@ fn upstream_config(
         pool_max_idle_per_host: defaults.pool_max_idle_per_host,
         max_event_bytes: to_usize("upstream.max_event_bytes", defaults.max_event_bytes.max(1))?,
         guards: Guards::default(),
+        pipeline: Arc::default(),
     })
 }
 

@@ -16,6 +16,16 @@ use serde_json::{Value, json};
 /// Filtered whatever their size (three small tools stand for a large block).
 const FILTER_ALL: &str = "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
 
+/// A proxy filtering every tool, in front of the mock taken as a provider that reads a
+/// definitions message in place (as OpenAI does; a loopback upstream is `in_block` by default).
+async fn in_place_proxy(mock: &Mock) -> common::Proxy {
+    let upstream = format!(
+        "[upstream]\nbase_url = \"{}\"\ntool_definitions = \"in_place\"\n",
+        mock.base_url()
+    );
+    common::start_proxy(&format!("{upstream}{FILTER_ALL}")).await
+}
+
 fn tools() -> Value {
     json!([
         {"type": "function", "function": {"name": "get_weather",
@@ -105,7 +115,7 @@ fn read_stream(body: &str) -> Streamed {
 #[tokio::test]
 async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     // What goes upstream: every tool as a stub.
     let explained = proxy.explain(&request(false), &[]).await;
     let sent = &explained["request"]["tools"];
@@ -162,7 +172,7 @@ async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() 
 #[tokio::test]
 async fn a_streamed_stub_call_is_replaced_in_the_same_stream() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     for (conversation, preamble) in [("a", None), ("b", Some("Let me check the forecast."))] {
         // Each its own conversation: the first one's call made the tool sticky in full.
         let mut headers = vec![
@@ -237,6 +247,60 @@ async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full
 }
 
 #[tokio::test]
+async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_in_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    // The default `tool_definitions = "auto"`: a loopback upstream is not OpenAI.
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let headers = [("X-Mock-Tool-Call", "send_email"), ("X-Mock-Echo", "1")];
+    let response = post(&proxy, &request(false), &headers).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(chat_count(&mock), 2, "the stub call was asked again");
+    let answer: Value = response.json().await.unwrap();
+    let reasked: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
+    // No definitions message: the tool called is in full in the block.
+    assert!(inline::definitions_in(&reasked.messages).is_empty());
+    let full: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
+    let send_email = full
+        .iter()
+        .find(|t| t.function.as_ref().unwrap().name == "send_email");
+    let sent = reasked.tools.get().unwrap();
+    assert!(sent.contains(send_email.unwrap()), "{sent:?}");
+    assert_eq!(
+        answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "send_email"
+    );
+    // The next turn keeps the tool where the re-ask put it: in full in the block.
+    let call = answer["choices"][0]["message"].clone();
+    let mut next = request(false);
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": call["tool_calls"]}));
+    messages.push(
+        json!({"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "sent"}),
+    );
+    let explained = proxy.explain(&next, &[]).await;
+    let rewrite: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(explained["request"].clone()).unwrap();
+    assert!(inline::definitions_in(&rewrite.messages).is_empty());
+    assert!(rewrite.tools.get().unwrap().contains(send_email.unwrap()));
+    // A route may say otherwise.
+    let in_place = in_place_proxy(&mock).await;
+    let answer: Value = post(&in_place, &request(false), &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let reasked: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
+    assert_eq!(
+        inline::defined_in(&reasked.messages)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["send_email"]
+    );
+}
+
+#[tokio::test]
 async fn left_out_remove_sends_no_stub_and_asks_once() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(
@@ -275,7 +339,7 @@ async fn a_few_small_tools_reach_the_upstream_unchanged() {
 #[tokio::test]
 async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metered() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     let mut body = request(true);
     body.as_object_mut().unwrap().remove("stream_options");
     let response = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
@@ -326,7 +390,7 @@ async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metere
 #[tokio::test]
 async fn several_streamed_choices_go_with_every_tool_in_full() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     let mut body = request(true);
     body["n"] = json!(2);
     let response = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
@@ -343,7 +407,7 @@ async fn several_streamed_choices_go_with_every_tool_in_full() {
 #[tokio::test]
 async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     let headers = [
         ("X-Mock-Tool-Call", "get_weather"),
         ("X-Mock-Echo", "1"),
@@ -405,7 +469,7 @@ async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
 #[tokio::test]
 async fn a_strict_stub_goes_in_full_and_the_next_turn_extends_the_re_ask() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     let mut tools = tools();
     tools[2]["function"]["strict"] = json!(true);
     // A long conversation sent appended to its first rewrite (no recompaction pays): a rebuild
@@ -462,7 +526,7 @@ async fn a_strict_stub_goes_in_full_and_the_next_turn_extends_the_re_ask() {
 #[tokio::test]
 async fn a_tool_choice_naming_a_stub_defines_it_last_and_keeps_the_block() {
     let mock = start_mock(MockOptions::default()).await;
-    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    let proxy = in_place_proxy(&mock).await;
     let mut body = request(false);
     body["tool_choice"] = json!({"type": "function", "function": {"name": "send_email"}});
     let explained = proxy.explain(&body, &[]).await;
@@ -538,7 +602,7 @@ async fn a_streamed_call_of_a_full_tool_goes_out_before_the_answer_ends() {
     let upstream = upstream_pausing_after_a_call_start(wait).await;
     // get_weather in full, the other tools as stubs: the answer may still call a stub.
     let proxy = common::start_proxy(&format!(
-        "[upstream]\nbase_url = \"{upstream}\"\n{FILTER_ALL}always = [\"get_weather\"]\n"
+        "[upstream]\nbase_url = \"{upstream}\"\ntool_definitions = \"in_place\"\n{FILTER_ALL}always = [\"get_weather\"]\n"
     ))
     .await;
     let explained = proxy.explain(&request(true), &[]).await;

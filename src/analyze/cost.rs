@@ -24,6 +24,7 @@ use crate::bill::cached_of;
 use crate::config::Config;
 use crate::openai::ChatRequest;
 use crate::pipeline;
+use crate::pipeline::config::Definitions;
 use crate::pipeline::tools::inline;
 use crate::tokens::{Encoding, Tokenizers};
 
@@ -250,9 +251,10 @@ pub fn cost(
             report.unpriced += 1;
         }
         // As explain would: the previous tool turn's categories stand in for the store's.
-        let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
+        let pipeline_config = config.pipeline_for_model(&request.model);
+        let sticky = pipeline::tools::previous_turn_categories(&request, pipeline_config, &memo);
         let env = pipeline::Env {
-            config: &config.pipeline,
+            config: pipeline_config,
             counter: tokenizers.for_model(&request.model, None),
             memo: &memo,
             budget: config.pipeline.budget.max_tokens,
@@ -279,7 +281,8 @@ pub fn cost(
         original.add(&conversation, &body, price);
         rewritten.add(&conversation, &sent, price);
         without_reasks.add(&conversation, &sent, price);
-        if let Some(reask) = reasked(&request, &rewrite.request, &called) {
+        let definitions = env.config.tools.definitions;
+        if let Some(reask) = reasked(&request, &rewrite.request, &called, definitions) {
             rewritten.add(&conversation, &reask, price);
             report.reasks += 1;
         }
@@ -312,7 +315,12 @@ pub fn cost(
 
 /// The re-ask `sent` costs when its answer calls `called`: `None` when the model had a
 /// definition of every tool called.
-fn reasked(client: &ChatRequest, sent: &ChatRequest, called: &[String]) -> Option<Value> {
+fn reasked(
+    client: &ChatRequest,
+    sent: &ChatRequest,
+    called: &[String],
+    definitions: Definitions,
+) -> Option<Value> {
     let (Some(client_tools), Some(tools)) = (client.tools.get(), sent.tools.get()) else {
         return None;
     };
@@ -325,7 +333,7 @@ fn reasked(client: &ChatRequest, sent: &ChatRequest, called: &[String]) -> Optio
     if stubs.is_empty() {
         return None;
     }
-    serde_json::to_value(inline::reask(sent, client_tools, &stubs)).ok()
+    serde_json::to_value(inline::reask(sent, client_tools, &stubs, definitions)).ok()
 }
 
 /// `1234567` as `1,234,567`.

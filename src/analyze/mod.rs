@@ -180,9 +180,10 @@ pub fn analyze(
         let counter = tokenizers.for_model(&request.model, None);
         let started = Instant::now();
         // The store would hold the categories of the previous turn's tools.
-        let sticky = pipeline::tools::previous_turn_categories(&request, &config.pipeline, &memo);
+        let pipeline_config = config.pipeline_for_model(&request.model);
+        let sticky = pipeline::tools::previous_turn_categories(&request, pipeline_config, &memo);
         let env = pipeline::Env {
-            config: &config.pipeline,
+            config: pipeline_config,
             counter,
             memo: &memo,
             budget: config.pipeline.budget.max_tokens,

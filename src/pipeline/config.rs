@@ -111,6 +111,53 @@ pub struct ToolsConfig {
     pub derived_max_tools: usize,
     /// How long a conversation's sticky categories live without a new tool-using turn.
     pub sticky_ttl_secs: u64,
+    /// Where a tool needed after the block was decided gets its definition: set per upstream
+    /// (`[upstream]`/`[[routes]] tool_definitions`), not read from `[tools]`.
+    #[serde(skip)]
+    pub definitions: Definitions,
+}
+
+/// Where the full definition of a tool needed later goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Definitions {
+    /// In place where `auto` finds a provider known to read a mid-conversation system message
+    /// (OpenAI), else in the block.
+    #[default]
+    Auto,
+    /// A system message where the need arose: the block stays the same bytes.
+    InPlace,
+    /// The tool grows in the block, in full: every chat template reads it, at the cost of one
+    /// prefix change per growth.
+    InBlock,
+}
+
+impl Definitions {
+    /// `auto` resolved for an upstream's base URL: in place for OpenAI and Azure OpenAI only.
+    pub fn for_base_url(self, base_url: &str) -> Definitions {
+        if self != Definitions::Auto {
+            return self;
+        }
+        let host = base_url
+            .split("://")
+            .nth(1)
+            .unwrap_or(base_url)
+            .split(['/', ':'])
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if host == "api.openai.com" || host.ends_with(".openai.azure.com") {
+            Definitions::InPlace
+        } else {
+            Definitions::InBlock
+        }
+    }
+
+    /// Whether a tool needed later grows in the block (a request that was never resolved
+    /// against an upstream, as in `analyze`, reads `auto` as in place).
+    pub fn in_block(self) -> bool {
+        self == Definitions::InBlock
+    }
 }
 
 impl Default for ToolsConfig {
@@ -132,6 +179,7 @@ impl Default for ToolsConfig {
             min_score: 2.0,
             derived_max_tools: 8,
             sticky_ttl_secs: 3600,
+            definitions: Definitions::Auto,
         }
     }
 }
@@ -409,5 +457,36 @@ impl PipelineConfig {
             return err("compact.tool_result_max_tokens", "must be greater than 0");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_definitions_are_in_place_only_for_openai() {
+        let auto = Definitions::Auto;
+        assert_eq!(
+            auto.for_base_url("https://api.openai.com/v1"),
+            Definitions::InPlace
+        );
+        assert_eq!(
+            auto.for_base_url("https://acme.openai.azure.com/openai/deployments/x"),
+            Definitions::InPlace
+        );
+        for other in [
+            "http://127.0.0.1:8000/v1",
+            "https://api.mistral.ai/v1",
+            "http://vllm:8000/v1",
+            "https://api.openai.com.evil.example/v1",
+        ] {
+            assert_eq!(auto.for_base_url(other), Definitions::InBlock, "{other}");
+        }
+        // A placement set by hand is kept.
+        assert_eq!(
+            Definitions::InPlace.for_base_url("http://127.0.0.1/v1"),
+            Definitions::InPlace
+        );
     }
 }

@@ -389,6 +389,8 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
     VERSION.hash(&mut hasher);
     env.counter.encoding().hash(&mut hasher);
     env.budget.hash(&mut hasher);
+    // Not serialized with `[tools]`: set per upstream.
+    env.config.tools.definitions.hash(&mut hasher);
     for part in [
         serde_json::to_string(env.config),
         serde_json::to_string(&env.config.tools),

@@ -354,7 +354,7 @@ fn plan(
                 tools
                     .iter()
                     .find(|t| tool_name(t) == Some(n.as_str()))
-                    .is_some_and(inline::is_strict)
+                    .is_some_and(|t| inline::in_block(t, config.definitions))
             });
         defined.extend(strict.iter().chain(&loose).cloned());
         full.extend(strict);

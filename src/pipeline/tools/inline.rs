@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, Tool};
 
 use super::catalog::tool_name;
+use crate::pipeline::config::Definitions;
 
 /// The first line of a definitions message: what tells it apart, and what it tells the model.
 pub const HEADER: &str = "Full definitions of tools that the tools list gives by name only; call them with these parameters:";
@@ -83,15 +84,27 @@ pub fn undefined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) ->
         .collect()
 }
 
-/// `sent` asked again after its answer called the stubs `called`: each called strict tool
-/// back to its full definition in the block, the others defined in a message appended last,
-/// where the conversation's next requests place it too (before the answer that called them).
-pub fn reask(sent: &ChatRequest, client: &[Tool], called: &[String]) -> ChatRequest {
+/// Whether a tool needed later goes in full in the block: a strict tool, or any tool when
+/// the upstream's definitions go in the block.
+pub fn in_block(tool: &Tool, definitions: Definitions) -> bool {
+    definitions.in_block() || is_strict(tool)
+}
+
+/// `sent` asked again after its answer called the stubs `called`: each called tool that goes
+/// in the block (`in_block`) back to its full definition there, the others defined in a
+/// message appended last, where the conversation's next requests place it too (before the
+/// answer that called them).
+pub fn reask(
+    sent: &ChatRequest,
+    client: &[Tool],
+    called: &[String],
+    definitions: Definitions,
+) -> ChatRequest {
     let strict = |name: &String| {
         client
             .iter()
             .find(|t| tool_name(t) == Some(name.as_str()))
-            .is_some_and(is_strict)
+            .is_some_and(|t| in_block(t, definitions))
     };
     let (strict, loose): (Vec<String>, Vec<String>) = called.iter().cloned().partition(strict);
     let mut request = sent.clone();

@@ -98,7 +98,8 @@ impl ExpandCall {
         self.rounds += 1;
         let max = self.state.config.pipeline.tools.max_expansions;
         if self.rounds < max {
-            self.request = reask(&self.request, &self.client_tools, called);
+            let definitions = self.upstream.config.pipeline.tools.definitions;
+            self.request = reask(&self.request, &self.client_tools, called, definitions);
         } else {
             let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
             self.request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
