@@ -642,3 +642,100 @@ async fn a_streamed_call_of_a_full_tool_goes_out_before_the_answer_ends() {
     );
     assert!(received.trim_end().ends_with("data: [DONE]"), "{received}");
 }
+
+/// A next turn of `request(stream)`: the client went on with a call of `send_email` and its
+/// result, so the rewrite defines `send_email` where it was called.
+fn after_a_send_email_call(stream: bool) -> Value {
+    let mut next = request(stream);
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+        "type": "function", "function": {"name": "send_email", "arguments": "{\"to\":\"a@b.co\"}"}}]}));
+    messages.push(json!({"role": "tool", "tool_call_id": "c1", "content": "sent"}));
+    messages.push(json!({"role": "user", "content": "Send another one to the same address."}));
+    next
+}
+
+#[tokio::test]
+async fn an_upstream_that_refuses_definitions_in_place_is_asked_again_with_them_in_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    let refuses = [("X-Mock-System-Messages", "reject")];
+    for stream in [false, true] {
+        // Configured as reading definitions in place, wrongly: its template refuses them.
+        let proxy = in_place_proxy(&mock).await;
+        let next = after_a_send_email_call(stream);
+        let explained = proxy.explain(&next, &[]).await;
+        let rewrite: ctxproxy::openai::ChatRequest =
+            serde_json::from_value(explained["request"].clone()).unwrap();
+        assert_eq!(
+            inline::defined_in(&rewrite.messages).len(),
+            1,
+            "{explained}"
+        );
+        let before = chat_count(&mock);
+        let response = post(&proxy, &next, &refuses).await;
+        assert_eq!(response.status(), 200, "stream {stream}");
+        let text = response.text().await.unwrap();
+        assert!(!text.contains("error"), "{text}");
+        assert_eq!(chat_count(&mock) - before, 2, "refused, then asked again");
+        let refused = proxy
+            .metric(
+                "ctxproxy_tool_definitions_refused_total",
+                &[("upstream", "default")],
+            )
+            .await;
+        assert_eq!(refused, 1.0);
+        // Learned: the upstream's next requests define tools in the block.
+        let explained = proxy.explain(&next, &[]).await;
+        let rewrite: ctxproxy::openai::ChatRequest =
+            serde_json::from_value(explained["request"].clone()).unwrap();
+        assert!(
+            inline::defined_in(&rewrite.messages).is_empty(),
+            "{explained}"
+        );
+        // A re-ask (a stub called) that the template refuses is asked again the same way.
+        let fresh = in_place_proxy(&mock).await;
+        let headers = [refuses[0], ("X-Mock-Tool-Call", "get_weather")];
+        let before = chat_count(&mock);
+        let response = post(&fresh, &request(stream), &headers).await;
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.unwrap();
+        // Filled from the definition in the block (the stub has no parameters).
+        assert!(
+            text.contains("get_weather") && text.contains("city"),
+            "{text}"
+        );
+        assert!(!text.contains("\"error\""), "{text}");
+        assert_eq!(
+            chat_count(&mock) - before,
+            3,
+            "first, refused re-ask, re-ask in the block"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_template_that_drops_definitions_gets_them_in_the_block_by_default() {
+    let mock = start_mock(MockOptions::default()).await;
+    let headers = [
+        ("X-Mock-System-Messages", "drop"),
+        ("X-Mock-Tool-Call", "get_weather"),
+    ];
+    // In place, the dropped definition leaves the model with the stub: no arguments.
+    let in_place = in_place_proxy(&mock).await;
+    let answer: Value = post(&in_place, &request(false), &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["arguments"], "{}");
+    // The default for a loopback upstream: in the block, read whatever the template.
+    let default = proxy_for(&mock, FILTER_ALL).await;
+    let answer: Value = post(&default, &request(false), &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["arguments"], r#"{"city":"mock"}"#);
+}

@@ -23,8 +23,11 @@ const QUICK: &str = "total_timeout_ms = 1000\n";
 /// whole (several upstream round trips in a debug build on a busy machine).
 const ROOMY: &str = "total_timeout_ms = 10000\n";
 
-/// Every tool goes as a stub, whatever its size.
-const STUBS: &str = "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
+/// Every tool goes as a stub, whatever its size; a re-ask defines the tool called in a message
+/// appended last (the upstream taken as reading it in place), which the mock's
+/// `X-Mock-Fault-On: reask` recognizes. Follows an `[upstream]` key.
+const STUBS: &str =
+    "tool_definitions = \"in_place\"\n[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
 
 /// Loose bound for a request cut at the 1 s total timeout (the machines are noisy).
 const CUT_WITHIN: Duration = Duration::from_millis(2500);

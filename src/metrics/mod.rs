@@ -112,6 +112,8 @@ pub struct Metrics {
     pub store_up: IntGauge,
     /// `cache`: [`MemoryCache`].
     pub memory_cache_bytes: IntGaugeVec,
+    /// Requests asked again because the upstream refused a definitions message, by `upstream`.
+    pub tool_definitions_refused: IntCounterVec,
     /// Chat completions by `model`, `tenant`, HTTP `status` and `cache`: [`CacheOutcome`].
     pub chat_requests: IntCounterVec,
     /// `usage` reported by the upstream: `kind`: [`UsageKind`].
@@ -261,6 +263,11 @@ impl Metrics {
                 "Bytes held by each in-process cache (memo, rewrites, token_counts, token_pieces, store); each is bounded by [memory] or [store] and sheds what no request used within [memory] idle_secs.",
                 &["cache"],
             )?,
+            tool_definitions_refused: r.counters(
+                "ctxproxy_tool_definitions_refused_total",
+                "Requests an upstream refused (400) while they defined tools in a system message in mid-conversation, asked again with those tools in full in the block; the upstream's later requests define tools in the block.",
+                &["upstream"],
+            )?,
             chat_requests: r.counters(
                 "ctxproxy_chat_requests_total",
                 "Chat completion requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
@@ -338,6 +345,10 @@ impl Metrics {
         }
         for cache in MemoryCache::ALL {
             self.memory_cache_bytes.with_label_values(&[cache.as_str()]);
+        }
+        for upstream in &config.upstreams {
+            self.tool_definitions_refused
+                .with_label_values(&[upstream.name.as_str()]);
         }
         for upstream in &config.upstreams {
             for kind in UpstreamError::ALL {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::MockOptions;
+use super::{MockOptions, SystemMessages};
 use crate::cli::{self, Outcome};
 use crate::server::shutdown_signal;
 
@@ -26,6 +26,10 @@ pub struct MockUpstreamArgs {
     /// Share of requests (0 to 1) answered with a 500 error, at random.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
+    /// What the chat template does with a system message after the first: read it in place,
+    /// refuse the request with vLLM's 400, or drop it.
+    #[arg(long, value_enum, default_value = "in-place")]
+    system_messages: SystemMessages,
 }
 
 /// Runs `ctxproxy mock-upstream`.
@@ -35,6 +39,7 @@ pub fn cmd(args: MockUpstreamArgs) -> Outcome {
         tokens_per_sec: (args.tokens_per_sec > 0.0).then_some(args.tokens_per_sec),
         jitter: Duration::from_millis(args.jitter_ms),
         error_rate: args.error_rate.clamp(0.0, 1.0),
+        system_messages: args.system_messages,
     };
     cli::block_on(serve(args.listen, options))
 }

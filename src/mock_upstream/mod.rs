@@ -12,7 +12,8 @@
 //! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
 //! requests (those ending with an assistant message and then a user or system message, as a
 //! continuation or a retry does). `X-Mock-Stream-Fault` and `X-Mock-Invalid-Json` fail an
-//! answer after its 200 ([`fault`]). `usage.prompt_tokens_details.cached_tokens` is what a
+//! answer after its 200 ([`fault`]). `X-Mock-System-Messages: reject|drop` imitates chat
+//! templates that refuse or drop a system message after the first ([`template`]). `usage.prompt_tokens_details.cached_tokens` is what a
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
 
@@ -20,6 +21,9 @@ mod command;
 mod embeddings;
 mod fault;
 mod reply;
+mod template;
+
+pub use template::SystemMessages;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -52,6 +56,9 @@ pub struct MockOptions {
     pub jitter: Duration,
     /// Share of requests (0 to 1) answered with a 500 error, at random.
     pub error_rate: f64,
+    /// What the "chat template" does with a system message after the first (a request may
+    /// say otherwise with `X-Mock-System-Messages`).
+    pub system_messages: SystemMessages,
 }
 
 /// A uniform random number in [0, 1) (from the OS's random source, through a v4 UUID).
@@ -259,6 +266,14 @@ async fn chat_completions(
             "mock_follow_up",
         );
     }
+    let template = SystemMessages::from_header(
+        header_str(&headers, "x-mock-system-messages"),
+        state.options.system_messages,
+    );
+    let request = match template.render(request) {
+        Ok(request) => request,
+        Err(refusal) => return error_response(StatusCode::BAD_REQUEST, refusal, "BadRequestError"),
+    };
     let faults = fault::Faults::of(&headers, &request);
     if faults.invalid_json {
         return fault::invalid_json();

@@ -5,6 +5,7 @@
 mod headers;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
@@ -25,6 +26,8 @@ use crate::body::{
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, UpstreamError};
+use crate::pipeline::PipelineConfig;
+use crate::pipeline::config::Definitions;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
@@ -48,10 +51,14 @@ impl Upstreams {
     }
 }
 
-/// One upstream: its config and pooled client.
+/// One upstream: its config, pooled client, and what it taught the proxy.
 pub struct Upstream {
     pub config: UpstreamConfig,
     client: HttpClient,
+    /// The pipeline's config with tools needed later defined in the block, used once the
+    /// upstream has refused a definitions message in mid-conversation.
+    in_block: Arc<PipelineConfig>,
+    refused_definitions: AtomicBool,
 }
 
 /// A request body for an upstream: buffered bodies can be re-sent after a connect failure.
@@ -99,7 +106,30 @@ impl Upstream {
             config.pool_idle_timeout,
             config.pool_max_idle_per_host,
         );
-        Ok(Upstream { config, client })
+        let mut in_block = PipelineConfig::clone(&config.pipeline);
+        in_block.tools.definitions = Definitions::InBlock;
+        Ok(Upstream {
+            config,
+            client,
+            in_block: Arc::new(in_block),
+            refused_definitions: AtomicBool::new(false),
+        })
+    }
+
+    /// The pipeline's config for a request to this upstream: the configured one, or, once the
+    /// upstream refused a definitions message, the same with definitions in the block.
+    pub fn pipeline(&self) -> &Arc<PipelineConfig> {
+        if self.refused_definitions.load(Ordering::Relaxed) {
+            &self.in_block
+        } else {
+            &self.config.pipeline
+        }
+    }
+
+    /// Records that the upstream refused a definitions message in mid-conversation: its later
+    /// requests define tools in the block. `true` the first time.
+    pub fn learn_refused_definitions(&self) -> bool {
+        !self.refused_definitions.swap(true, Ordering::Relaxed)
     }
 
     /// The upstream URL for a path below `/v1` (e.g. `/chat/completions?x=1`).

@@ -119,6 +119,28 @@ pub fn reask(
     request
 }
 
+/// `sent` with its definitions messages taken out and the tools they defined in full in the
+/// block instead: what an upstream that refuses (or drops) a system message in mid-conversation
+/// reads. `None` when `sent` has no definitions message.
+pub fn in_block_instead(sent: &ChatRequest, client: &[Tool]) -> Option<ChatRequest> {
+    let defined: Vec<String> = defined_in(&sent.messages).into_iter().collect();
+    if defined.is_empty() {
+        return None;
+    }
+    let mut request = sent.clone();
+    request
+        .messages
+        .retain(|m| !(m.role == Role::System && is_definitions(m)));
+    if let Some(tools) = sent.tools.get() {
+        request.tools = Nullable::Value(super::stubs::promote(tools, client, Some(&defined)));
+    }
+    Some(request)
+}
+
+fn is_definitions(message: &Message) -> bool {
+    matches!(message.content.get(), Some(Content::Text(text)) if text.starts_with(HEADER))
+}
+
 /// The names of the tools that definitions messages among `messages` define.
 pub fn defined_in(messages: &[Message]) -> BTreeSet<String> {
     definitions_in(messages)
@@ -217,6 +239,27 @@ mod tests {
     fn text_message_user() -> Message {
         // A user quoting the header defines nothing.
         text(Role::User, &format!("{HEADER}\n{{\"name\":\"x\"}}"))
+    }
+
+    #[test]
+    fn definitions_can_move_into_the_block() {
+        let client = vec![tool("a", false), tool("b", false)];
+        let counter = crate::tokens::TokenCounter::new(crate::tokens::Encoding::O200kBase);
+        let memo = crate::pipeline::Memo::default();
+        let stubs = client
+            .iter()
+            .map(|t| super::super::stubs::stub(t, 24, &counter, &memo))
+            .collect();
+        let mut sent: ChatRequest =
+            serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
+        sent.messages = vec![text(Role::User, "one"), message(&client, &["b".to_owned()])];
+        sent.tools = Nullable::Value(stubs);
+        let moved = in_block_instead(&sent, &client).unwrap();
+        assert_eq!(moved.messages, vec![text(Role::User, "one")]);
+        let tools = moved.tools.get().unwrap();
+        assert_eq!(tools[1], client[1], "b in full, in its place");
+        assert_ne!(tools[0], client[0], "a still a stub");
+        assert!(in_block_instead(&moved, &client).is_none());
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl<'a> ChatCall<'a> {
             Some(conversation) => prefix_state::load(state, conversation).await,
             None => None,
         };
-        let config = &self.upstream.config.pipeline;
+        let config = self.upstream.pipeline();
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers

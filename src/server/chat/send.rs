@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use bytes::Bytes;
 
@@ -14,7 +14,9 @@ use super::call_log::CallLog;
 use crate::body::{BodyObserver, Observers};
 use crate::error::ProxyError;
 use crate::metrics::CacheOutcome;
+use crate::openai::ChatRequest;
 use crate::pipeline::Mode;
+use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
 use crate::server::guarded::{self, ExpandCall, GuardCall, Sent};
@@ -23,6 +25,28 @@ use crate::server::sticky::StickyUpdate;
 use crate::upstream::{
     ChatRelay, OutgoingBody, UpstreamResponse, apply_upstream_auth, end_to_end, is_event_stream,
 };
+
+/// Where and how a request is sent: what building its re-asks needs.
+struct Sending<'a> {
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    deadline: tokio::time::Instant,
+    usage_asked: bool,
+    strip_usage: bool,
+    optimize: bool,
+}
+
+impl Sending<'_> {
+    fn sent<'s>(&'s self, body: &'s Bytes) -> Sent<'s> {
+        Sent {
+            uri: self.uri,
+            headers: self.headers,
+            body,
+            deadline: self.deadline,
+            usage_asked: self.usage_asked,
+        }
+    }
+}
 
 /// What the caches said.
 pub enum Looked {
@@ -146,51 +170,53 @@ impl ChatCall<'_> {
         let optimize = self.mode == Mode::Optimize;
         // One deadline for the whole answer the client sees: every re-ask gets what is left.
         let deadline = upstream.deadline();
-        let mut body = body;
-        let sent = Sent {
+        let sending = Sending {
             uri: &uri,
             headers: &headers,
-            body: &body,
             deadline,
             usage_asked,
+            strip_usage,
+            optimize,
         };
-        let mut expansion = outgoing
-            .with_stubs
-            .filter(|_| optimize)
-            .and_then(|request| {
-                let request = (request, strip_usage);
-                ExpandCall::new(state, upstream, &self.chat, request, sent, &log.labels)
-            });
-        if let Some(all_full) = expansion
-            .as_ref()
-            .filter(|x| x.streams_several_choices())
-            .and_then(ExpandCall::all_full)
-        {
-            body = all_full;
-            expansion = None;
-        }
-        let sent = Sent {
-            uri: &uri,
-            headers: &headers,
-            body: &body,
-            deadline,
-            usage_asked,
-        };
-        let mut guard = optimize
-            .then(|| GuardCall::new(state, upstream, &self.chat, sent, self.budget()))
-            .flatten();
-        let first = body.clone();
-        let sent_at = Instant::now();
-        let answer = upstream
-            .send(
+        let with_stubs = outgoing.with_stubs.filter(|_| optimize);
+        let (mut expansion, mut guard, mut body) =
+            self.watchers(&sending, with_stubs.clone(), body, log);
+        let mut first = body.clone();
+        let mut sent_at = Instant::now();
+        let send = |body: Bytes| {
+            upstream.send(
                 Method::POST,
-                uri,
-                headers,
+                uri.clone(),
+                headers.clone(),
                 OutgoingBody::Buffered(body),
                 &state.metrics,
                 deadline,
             )
-            .await?;
+        };
+        let mut answer = send(body.clone()).await?;
+        // An upstream whose chat template refuses a system message in mid-conversation: asked
+        // again with the definitions in the block, and so are its later requests.
+        let client_tools = self.chat.tools.get().map_or(&[][..], Vec::as_slice);
+        if answer.response.status() == StatusCode::BAD_REQUEST
+            && let Some(in_block) = with_stubs
+                .as_ref()
+                .and_then(|request| inline::in_block_instead(request, client_tools))
+        {
+            guarded::refused_definitions(state, upstream);
+            let bytes =
+                serde_json::to_vec(&in_block).map_err(|e| ProxyError::Internal(e.to_string()))?;
+            let bytes = match strip_usage
+                .then(|| meter::with_stream_usage(&bytes))
+                .flatten()
+            {
+                Some(asked) => asked,
+                None => bytes,
+            };
+            (expansion, guard, body) = self.watchers(&sending, Some(in_block), bytes.into(), log);
+            first = body.clone();
+            sent_at = Instant::now();
+            answer = send(body).await?;
+        }
         let (saving, sent_tokens) = (outgoing.saving, outgoing.sent_tokens);
         let answer = match expansion {
             Some(expansion) => {
@@ -220,6 +246,46 @@ impl ChatCall<'_> {
             strip_usage,
             usage_asked,
         })
+    }
+
+    /// The re-asks that watch an answer to `body` (`request`: the rewrite with stubs it is):
+    /// the expansion of stub calls and the agent guards, and the body to send (every tool in
+    /// full when a stream of several choices could not be expanded).
+    fn watchers(
+        &self,
+        sending: &Sending<'_>,
+        request: Option<ChatRequest>,
+        body: Bytes,
+        log: &CallLog,
+    ) -> (Option<ExpandCall>, Option<GuardCall>, Bytes) {
+        let state = self.state;
+        let mut body = body;
+        let mut expansion = request.and_then(|request| {
+            let request = (request, sending.strip_usage);
+            let sent = sending.sent(&body);
+            ExpandCall::new(state, self.upstream, &self.chat, request, sent, &log.labels)
+        });
+        if let Some(all_full) = expansion
+            .as_ref()
+            .filter(|x| x.streams_several_choices())
+            .and_then(ExpandCall::all_full)
+        {
+            body = all_full;
+            expansion = None;
+        }
+        let guard = sending
+            .optimize
+            .then(|| {
+                GuardCall::new(
+                    state,
+                    self.upstream,
+                    &self.chat,
+                    sending.sent(&body),
+                    self.budget(),
+                )
+            })
+            .flatten();
+        (expansion, guard, body)
     }
 
     /// Relays the answer to the client through the observers that read it as it passes.

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::response::Parts;
-use axum::http::{HeaderMap, Method, Response, Uri, header};
+use axum::http::{HeaderMap, Method, Response, StatusCode, Uri, header};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -19,7 +19,7 @@ use crate::error::ProxyError;
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
 use crate::metrics::{ChatLabels, ExpansionOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool};
-use crate::pipeline::tools::inline::{reask, undefined_stubs};
+use crate::pipeline::tools::inline::{self, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
 use crate::server::SharedState;
 use crate::server::meter;
@@ -98,7 +98,7 @@ impl ExpandCall {
         self.rounds += 1;
         let max = self.state.config.pipeline.tools.max_expansions;
         if self.rounds < max {
-            let definitions = self.upstream.config.pipeline.tools.definitions;
+            let definitions = self.upstream.pipeline().tools.definitions;
             self.request = reask(&self.request, &self.client_tools, called, definitions);
         } else {
             let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
@@ -159,7 +159,27 @@ impl ExpandCall {
         })
     }
 
-    async fn ask(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {
+    /// Asks again with `body`; an upstream that refuses the definitions message (a 400) is
+    /// asked once more with those tools in full in the block. The answer, and what was sent.
+    async fn ask(&mut self, body: Bytes) -> Result<(UpstreamResponse, Bytes), ProxyError> {
+        let answer = self.send(body.clone()).await?;
+        if answer.response.status() != StatusCode::BAD_REQUEST {
+            return Ok((answer, body));
+        }
+        let Some(in_block) = inline::in_block_instead(&self.request, &self.client_tools) else {
+            return Ok((answer, body));
+        };
+        super::refused_definitions(&self.state, &self.upstream);
+        self.request = in_block;
+        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
+        let body =
+            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let body = self.as_sent(body);
+        Ok((self.send(body.clone()).await?, body))
+    }
+
+    async fn send(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {
         let mut headers = self.headers.clone();
         headers.remove(header::CONTENT_LENGTH);
         self.upstream
@@ -253,7 +273,7 @@ async fn expand_json(
         }
         sent = call.define(&called)?;
         expanded.extend(called);
-        let (next_parts, next_answer) = match ask_json(&call, sent.clone()).await {
+        let (next_parts, next_answer) = match ask_json(&mut call, &mut sent).await {
             Ok(Reasked::Answer(parts, answer)) => (parts, answer),
             // An upstream error to a re-ask is the client's answer: never the call to a stub.
             Ok(Reasked::Refused(answer)) => {
@@ -291,8 +311,9 @@ enum Reasked {
 
 /// Asks again with `sent` and reads the answer whole; one that is not JSON is an error (a 502),
 /// as is one that fails or comes too late.
-async fn ask_json(call: &ExpandCall, sent: Bytes) -> Result<Reasked, ProxyError> {
-    let next = call.ask(sent).await?;
+async fn ask_json(call: &mut ExpandCall, sent: &mut Bytes) -> Result<Reasked, ProxyError> {
+    let (next, asked) = call.ask(sent.clone()).await?;
+    *sent = asked;
     if !next.response.status().is_success() {
         return Ok(Reasked::Refused(next));
     }
@@ -365,7 +386,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                 let next = match call.define(&called) {
                     // A client that left is not asked for again.
                     Ok(request) => tokio::select! {
-                        next = call.ask(request) => next,
+                        next = call.ask(request) => next.map(|(next, _)| next),
                         () = events.closed() => return,
                     },
                     Err(e) => Err(e),

@@ -196,6 +196,25 @@ impl GuardCall {
 }
 
 /// A JSON answer that says it is larger than `MAX_JSON_BYTES`: relayed unread.
+/// Counts and remembers that `upstream` refused a definitions message in mid-conversation
+/// (its later requests define tools in the block); logged once per upstream.
+pub fn refused_definitions(state: &SharedState, upstream: &Upstream) {
+    let name = &upstream.config.name;
+    state
+        .metrics
+        .tool_definitions_refused
+        .with_label_values(&[name.as_str()])
+        .inc();
+    if upstream.learn_refused_definitions() {
+        tracing::warn!(
+            upstream = %name,
+            "the upstream refused a system message in mid-conversation (tool definitions): \
+             asked again with them in the block, as its later requests will be; set \
+             tool_definitions = \"in_block\" for it"
+        );
+    }
+}
+
 fn too_large(answer: &UpstreamResponse) -> bool {
     answer
         .response
