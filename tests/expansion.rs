@@ -655,6 +655,24 @@ fn after_a_send_email_call(stream: bool) -> Value {
     next
 }
 
+/// `ctxproxy_tool_definitions_refused_total` of the default upstream.
+async fn refusals(proxy: &Proxy) -> f64 {
+    proxy
+        .metric(
+            "ctxproxy_tool_definitions_refused_total",
+            &[("upstream", "default")],
+        )
+        .await
+}
+
+/// How many tools the rewrite of `body` defines in messages (explain).
+async fn defined_in_rewrite(proxy: &Proxy, body: &Value) -> usize {
+    let explained = proxy.explain(body, &[]).await;
+    let rewrite: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(explained["request"].clone()).unwrap();
+    inline::defined_in(&rewrite.messages).len()
+}
+
 #[tokio::test]
 async fn an_upstream_that_refuses_definitions_in_place_is_asked_again_with_them_in_the_block() {
     let mock = start_mock(MockOptions::default()).await;
@@ -663,35 +681,17 @@ async fn an_upstream_that_refuses_definitions_in_place_is_asked_again_with_them_
         // Configured as reading definitions in place, wrongly: its template refuses them.
         let proxy = in_place_proxy(&mock).await;
         let next = after_a_send_email_call(stream);
-        let explained = proxy.explain(&next, &[]).await;
-        let rewrite: ctxproxy::openai::ChatRequest =
-            serde_json::from_value(explained["request"].clone()).unwrap();
-        assert_eq!(
-            inline::defined_in(&rewrite.messages).len(),
-            1,
-            "{explained}"
-        );
+        assert_eq!(defined_in_rewrite(&proxy, &next).await, 1);
         let before = chat_count(&mock);
         let response = post(&proxy, &next, &refuses).await;
         assert_eq!(response.status(), 200, "stream {stream}");
         let text = response.text().await.unwrap();
         assert!(!text.contains("error"), "{text}");
         assert_eq!(chat_count(&mock) - before, 2, "refused, then asked again");
-        let refused = proxy
-            .metric(
-                "ctxproxy_tool_definitions_refused_total",
-                &[("upstream", "default")],
-            )
-            .await;
+        let refused = refusals(&proxy).await;
         assert_eq!(refused, 1.0);
         // Learned: the upstream's next requests define tools in the block.
-        let explained = proxy.explain(&next, &[]).await;
-        let rewrite: ctxproxy::openai::ChatRequest =
-            serde_json::from_value(explained["request"].clone()).unwrap();
-        assert!(
-            inline::defined_in(&rewrite.messages).is_empty(),
-            "{explained}"
-        );
+        assert_eq!(defined_in_rewrite(&proxy, &next).await, 0);
         // A re-ask (a stub called) that the template refuses is asked again the same way.
         let fresh = in_place_proxy(&mock).await;
         let headers = [refuses[0], ("X-Mock-Tool-Call", "get_weather")];
@@ -711,6 +711,24 @@ async fn an_upstream_that_refuses_definitions_in_place_is_asked_again_with_them_
             "first, refused re-ask, re-ask in the block"
         );
     }
+}
+
+#[tokio::test]
+async fn any_other_400_is_the_clients_answer_and_teaches_nothing() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = in_place_proxy(&mock).await;
+    let next = after_a_send_email_call(false);
+    let requests = || MockStats::get(&mock.stats.requests);
+    let before = requests();
+    // A context too long, an invalid parameter: not a template's refusal.
+    let response = post(&proxy, &next, &[("X-Mock-Status", "400")]).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["message"], "mock failure with status 400");
+    assert_eq!(requests() - before, 1, "not asked again");
+    let refused = refusals(&proxy).await;
+    assert_eq!(refused, 0.0);
+    assert_eq!(defined_in_rewrite(&proxy, &next).await, 1, "still in place");
 }
 
 #[tokio::test]

@@ -113,22 +113,21 @@ impl<K: Hash + Eq, V> ByteLru<K, V> {
         }
     }
 
-    /// Keeps only the entries for which `keep` holds (e.g. drops expired ones), in their order.
-    pub fn retain(&mut self, mut keep: impl FnMut(&V) -> bool) {
-        let mut gone = 0;
-        // `lru` has no retain: pop from the oldest end and put back what stays, oldest first.
-        let mut kept = Vec::with_capacity(self.map.len());
-        while let Some((key, slot)) = self.map.pop_lru() {
-            if keep(&slot.value) {
-                kept.push((key, slot));
-            } else {
-                gone += slot.bytes;
-            }
+    /// Keeps only the entries for which `keep` holds (e.g. drops expired ones), in their order:
+    /// one pass over the entries, then one removal for each that goes.
+    pub fn retain(&mut self, mut keep: impl FnMut(&V) -> bool)
+    where
+        K: Clone,
+    {
+        let gone: Vec<K> = self
+            .map
+            .iter()
+            .filter(|(_, slot)| !keep(&slot.value))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            self.remove(&key);
         }
-        for (key, slot) in kept {
-            self.map.put(key, slot);
-        }
-        self.bytes -= gone;
     }
 
     /// Drops the entries unused for longer than the map's `idle` (none without one).

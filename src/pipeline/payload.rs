@@ -1,6 +1,7 @@
 //! What a tool result holds under its wrappers, so that its identifiers are found whatever the
 //! tool printed: MCP envelopes (a text part `{"type":"text","text":…}`, a `CallToolResult`
-//! `{"content":[…],"structuredContent":…,"isError":…}`, JSON inside JSON strings) are opened,
+//! `{"content":[…],"structuredContent":…}` whose parts are all text, with the JSON or literal
+//! their text holds) are opened,
 //! and Python literals, which database tools print (`[{'id': 7, 'at': datetime.date(2024, 5,
 //! 1), 'avg': Decimal('29.1')}]`), are read as JSON. Pure functions.
 
@@ -59,34 +60,33 @@ fn opened(value: &Value) -> Option<String> {
         Value::Object(map) if is_text_part(map) => map.get("text")?.as_str().map(str::to_owned),
         Value::Object(map) if is_tool_result(map) => {
             let parts = map.get("content")?.as_array()?;
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|p| p.as_object().filter(|p| is_text_part(p)))
-                .filter_map(|p| p.get("text")?.as_str())
-                .collect();
-            if texts.is_empty() {
+            if parts.is_empty() {
                 // Only structured content: that is the result.
                 return map
                     .get("structuredContent")
                     .filter(|s| !s.is_null())
                     .map(Value::to_string);
             }
-            Some(texts.join("\n"))
+            // Every part text: other parts (resources, images) stay, in their envelope.
+            texts_of(parts)
         }
-        Value::Array(items) if !items.is_empty() => {
-            let texts: Option<Vec<&str>> = items
-                .iter()
-                .map(|p| {
-                    p.as_object()
-                        .filter(|p| is_text_part(p))?
-                        .get("text")?
-                        .as_str()
-                })
-                .collect();
-            texts.map(|t| t.join("\n"))
-        }
+        Value::Array(items) if !items.is_empty() => texts_of(items),
         _ => None,
     }
+}
+
+/// The texts of `parts` joined, when every part is a text part.
+fn texts_of(parts: &[Value]) -> Option<String> {
+    let texts: Option<Vec<&str>> = parts
+        .iter()
+        .map(|p| {
+            p.as_object()
+                .filter(|p| is_text_part(p))?
+                .get("text")?
+                .as_str()
+        })
+        .collect();
+    texts.map(|t| t.join("\n"))
 }
 
 /// `{"type": "text", "text": "…"}`, with nothing but annotations and metadata beside.
@@ -101,9 +101,11 @@ fn is_text_part(map: &Map<String, Value>) -> bool {
         })
 }
 
-/// An MCP `CallToolResult`: `content` parts, and nothing but its own fields beside.
+/// An MCP `CallToolResult` that is no error (an error keeps its envelope, `isError` said):
+/// `content` parts, and nothing but its own fields beside.
 fn is_tool_result(map: &Map<String, Value>) -> bool {
     map.get("content").is_some_and(Value::is_array)
+        && map.get("isError").and_then(Value::as_bool) != Some(true)
         && map.keys().all(|k| {
             matches!(
                 k.as_str(),
@@ -224,8 +226,12 @@ impl Reader<'_> {
                         b'n' => out.push(b'\n'),
                         b't' => out.push(b'\t'),
                         b'r' => out.push(b'\r'),
-                        b'x' | b'u' => {
-                            let digits = if escaped == b'x' { 2 } else { 4 };
+                        b'x' | b'u' | b'U' => {
+                            let digits = match escaped {
+                                b'x' => 2,
+                                b'u' => 4,
+                                _ => 8,
+                            };
                             let hex = self.text.get(self.at..self.at + digits)?;
                             let code =
                                 u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
@@ -277,6 +283,7 @@ impl Reader<'_> {
         }
         self.at += 1;
         let mut args = Vec::new();
+        let mut keywords = false;
         loop {
             if self.eat(b')') {
                 break;
@@ -284,6 +291,7 @@ impl Reader<'_> {
             // A keyword argument (`tzinfo=…`) is read and left out.
             let mark = self.at;
             let keyword = self.keyword();
+            keywords |= keyword;
             let value = self.value(depth + 1)?;
             if !keyword {
                 args.push(value);
@@ -298,7 +306,8 @@ impl Reader<'_> {
                 break;
             }
         }
-        Some(called(&name, &args))
+        let source = std::str::from_utf8(&self.text[start..self.at]).ok()?;
+        Some(called(&name, &args, keywords).unwrap_or_else(|| Value::String(source.to_owned())))
     }
 
     /// Skips `name=` when the next argument is a keyword argument.
@@ -322,37 +331,39 @@ impl Reader<'_> {
     }
 }
 
+/// A number as JSON: an integer that fits, a float, or (an integer too large for JSON
+/// numbers to keep exact) its digits as a string.
 fn number_value(text: &str) -> Option<Value> {
     if let Ok(int) = text.parse::<i64>() {
         return Some(Value::Number(int.into()));
+    }
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Value::String(text.to_owned()));
     }
     let float = text.parse::<f64>().ok()?;
     Number::from_f64(float).map(Value::Number)
 }
 
-/// The value a call stands for: a date or time as ISO 8601, a `Decimal` or `UUID` as its text,
-/// anything else as its arguments.
-fn called(name: &str, args: &[Value]) -> Value {
+/// The value a call stands for, when it says it whole: a date (or a time to the second, no
+/// zone) as ISO 8601, a `Decimal` or `UUID` as its text. `None` for anything else, which is
+/// kept as its source text.
+fn called(name: &str, args: &[Value], keywords: bool) -> Option<Value> {
+    if keywords {
+        return None;
+    }
     let ints: Option<Vec<i64>> = args.iter().map(Value::as_i64).collect();
     let short = name.rsplit('.').next().unwrap_or(name);
-    match (short, ints.as_deref()) {
-        ("date", Some([y, m, d])) => Value::String(format!("{y:04}-{m:02}-{d:02}")),
-        ("datetime", Some([y, m, d, rest @ ..])) => {
-            let [h, mi, s] = [0, 1, 2].map(|i| rest.get(i).copied().unwrap_or(0));
-            Value::String(format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}"))
+    match (short, ints.as_deref(), args) {
+        ("date", Some([y, m, d]), _) => Some(Value::String(format!("{y:04}-{m:02}-{d:02}"))),
+        ("datetime", Some([y, m, d, time @ ..]), _) if time.len() <= 3 => {
+            let [h, mi, s] = [0, 1, 2].map(|i| time.get(i).copied().unwrap_or(0));
+            Some(Value::String(format!(
+                "{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}"
+            )))
         }
-        ("time", Some([h, mi, rest @ ..])) => {
-            let s = rest.first().copied().unwrap_or(0);
-            Value::String(format!("{h:02}:{mi:02}:{s:02}"))
-        }
-        _ => match args {
-            [only] => match only {
-                Value::String(s) => Value::String(s.clone()),
-                other => other.clone(),
-            },
-            [] => Value::String(format!("{name}()")),
-            many => Value::Array(many.to_vec()),
-        },
+        ("Decimal" | "UUID", _, [Value::String(text)]) => Some(Value::String(text.clone())),
+        _ => None,
     }
 }
 
@@ -395,6 +406,13 @@ mod tests {
         assert_eq!(tree(&object.to_string()), Some(object));
         let page = json!({"content": [1, 2], "title": "Page 2"});
         assert_eq!(tree(&page.to_string()), Some(page));
+        // An error, or a part that is not text, keeps the envelope: nothing of it is lost.
+        let error =
+            json!({"content": [{"type": "text", "text": "{\"code\": 404}"}], "isError": true});
+        assert_eq!(tree(&error.to_string()), Some(error));
+        let resource = json!({"content": [{"type": "text", "text": "see file"},
+            {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "A1 B2"}}]});
+        assert_eq!(tree(&resource.to_string()), Some(resource));
         assert_eq!(
             read("plain words"),
             Payload::Text(Cow::Borrowed("plain words"))
@@ -405,7 +423,7 @@ mod tests {
     fn reads_what_database_tools_print() {
         let rows = "[{'department_name': 'Finance', 'manager_start_date': datetime.date(1989, 12, 17), \
                     'tenure_years': Decimal('35.8'), 'current_employees': 12437, 'active': True, \
-                    'note': None, 'at': datetime.datetime(2024, 5, 1, 9, 30, tzinfo=datetime.timezone.utc)}]";
+                    'note': None, 'at': datetime.datetime(2024, 5, 1, 9, 30)}]";
         assert_eq!(
             python_literal(rows),
             Some(
@@ -417,6 +435,19 @@ mod tests {
         assert_eq!(
             python_literal(r#"("it's", 'say "hi"', -1.5e3, (1,))"#),
             Some(json!(["it's", "say \"hi\"", -1500.0, [1]]))
+        );
+        // What a plain date or time cannot say whole is kept as it was written.
+        assert_eq!(
+            python_literal(
+                "[datetime.datetime(2024, 5, 1, 9, 30, 15, 123456, tzinfo=datetime.timezone.utc), \
+                 datetime.timedelta(days=3), 12345678901234567890, '\\U0001F600']"
+            ),
+            Some(json!([
+                "datetime.datetime(2024, 5, 1, 9, 30, 15, 123456, tzinfo=datetime.timezone.utc)",
+                "datetime.timedelta(days=3)",
+                "12345678901234567890",
+                "😀"
+            ]))
         );
         assert_eq!(python_literal("{'a': 1"), None);
         assert_eq!(python_literal("[1, 2] trailing"), None);

@@ -110,11 +110,13 @@ pub fn identifiers(text: &str) -> Vec<String> {
             )
     }) {
         let token = raw.trim_end_matches(['.', ':', '!', '?']);
-        // `NAME=value` (an environment variable, a flag) says two things; a URL's query one.
-        let parts = if token.contains('=') && !token.contains("://") {
-            token.split('=').collect()
-        } else {
-            vec![token]
+        // `NAME=value` (an environment variable, a flag) says two things; a query string, a
+        // padded cursor or a URL says one.
+        let parts = match token.split_once('=') {
+            Some((name, value)) if is_assigned_name(name) && !token.contains(['?', '&']) => {
+                vec![name, value]
+            }
+            _ => vec![token],
         };
         for token in parts {
             if token.is_empty() || seen.contains(token) {
@@ -142,6 +144,15 @@ pub fn is_identifier(token: &str) -> bool {
     let digits = token.chars().filter(char::is_ascii_digit).count();
     let letters = token.chars().filter(|c| c.is_alphabetic()).count();
     (digits > 0 && letters > 0 && token.len() >= 3) || digits >= 2 || is_code_name(token)
+}
+
+/// The left side of `NAME=value`: a name (`POSTGRES_PASSWORD`, `--port`, `max_length`).
+fn is_assigned_name(name: &str) -> bool {
+    let name = name.trim_start_matches('-');
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// A name from code or an API: words joined by underscores (`submit_review`,
@@ -244,6 +255,11 @@ mod tests {
             ]
         );
         assert!(!is_code_name("_private") && !is_code_name("a_") && !is_code_name("snake"));
+        // A value with `=` in it stays whole.
+        assert_eq!(
+            identifiers("next cursor=Y3Vyc29yOjE= and /search?q=abc12&page=2"),
+            vec!["Y3Vyc29yOjE=", "/search?q=abc12&page=2"]
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The in-memory store: bounded in entries and in bytes (the least recently used go first),
-//! with TTLs. The embedded default for a single replica, and the fallback while Redis is down.
+//! with TTLs (expired entries are swept by `sweep` and never read). The embedded default for a single replica, and the fallback while Redis is down.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -70,14 +70,9 @@ impl MemoryBackend {
         Ok(f(&mut entries))
     }
 
-    /// Makes room for one more entry: expired ones go first, then the least recently used.
-    /// (The byte bound evicts on insertion.)
+    /// Makes room for one more entry: the least recently used goes (expired entries are swept
+    /// every few seconds and on every read; the byte bound evicts on insertion).
     fn make_room(&self, entries: &mut ByteLru<String, Entry>) {
-        if entries.len() < self.max_entries {
-            return;
-        }
-        let now = Instant::now();
-        entries.retain(|e| e.expires > now);
         while entries.len() >= self.max_entries {
             if !entries.remove_least_recent() {
                 break;

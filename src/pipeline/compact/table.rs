@@ -1,6 +1,8 @@
 //! Lists of rows sent as tables: a query result or a listing says its field names once
 //! instead of once per row, every value kept. Pure.
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value};
 
 /// Rows a list needs to be sent as a table.
@@ -26,15 +28,22 @@ pub(super) fn tabulated(value: Value) -> Value {
     }
 }
 
+/// Columns a table has at most: wider lists stay lists (and reading them stays linear).
+const MAX_COLUMNS: usize = 64;
+
 /// The columns of a list of objects, in order of first appearance, when it reads as a table.
 fn columns_of(items: &[Value]) -> Option<Vec<String>> {
     if items.len() < MIN_TABLE_ROWS {
         return None;
     }
     let mut columns: Vec<String> = Vec::new();
+    let mut seen: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
     for item in items {
         for key in item.as_object()?.keys() {
-            if !columns.contains(key) {
+            if seen.insert(key) {
+                if columns.len() == MAX_COLUMNS {
+                    return None;
+                }
                 columns.push(key.clone());
             }
         }
@@ -87,6 +96,13 @@ mod tests {
                 ["Finance", "35.8", 12437], ["Sales", "34.6", 37701], ["Research", null, 15441],
             ]}})
         );
+    }
+
+    #[test]
+    fn rows_with_ever_new_fields_stay_a_list() {
+        let rows: Vec<Value> = (0..5_000).map(|i| json!({format!("k{i}"): i})).collect();
+        let rows = Value::Array(rows);
+        assert_eq!(tabulated(rows.clone()), rows);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::pipeline::Mode;
 use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
+use crate::server::guarded::refusal::{self, Answered};
 use crate::server::guarded::{self, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
 use crate::server::sticky::StickyUpdate;
@@ -182,7 +183,7 @@ impl ChatCall<'_> {
         let (mut expansion, mut guard, mut body) =
             self.watchers(&sending, with_stubs.clone(), body, log);
         let mut first = body.clone();
-        let mut sent_at = Instant::now();
+        let sent_at = Instant::now();
         let send = |body: Bytes| {
             upstream.send(
                 Method::POST,
@@ -197,25 +198,33 @@ impl ChatCall<'_> {
         // An upstream whose chat template refuses a system message in mid-conversation: asked
         // again with the definitions in the block, and so are its later requests.
         let client_tools = self.chat.tools.get().map_or(&[][..], Vec::as_slice);
-        if answer.response.status() == StatusCode::BAD_REQUEST
-            && let Some(in_block) = with_stubs
-                .as_ref()
-                .and_then(|request| inline::in_block_instead(request, client_tools))
-        {
-            guarded::refused_definitions(state, upstream);
-            let bytes =
-                serde_json::to_vec(&in_block).map_err(|e| ProxyError::Internal(e.to_string()))?;
-            let bytes = match strip_usage
-                .then(|| meter::with_stream_usage(&bytes))
-                .flatten()
-            {
-                Some(asked) => asked,
-                None => bytes,
-            };
-            (expansion, guard, body) = self.watchers(&sending, Some(in_block), bytes.into(), log);
-            first = body.clone();
-            sent_at = Instant::now();
-            answer = send(body).await?;
+        let in_block = (answer.response.status() == StatusCode::BAD_REQUEST)
+            .then_some(with_stubs.as_ref())
+            .flatten()
+            .and_then(|request| inline::in_block_instead(request, client_tools));
+        if let Some(in_block) = in_block {
+            match refusal::read(upstream, answer).await? {
+                Answered::Other(other) => answer = other,
+                Answered::RefusedSystemMessage => {
+                    let bytes = serde_json::to_vec(&in_block)
+                        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+                    let bytes = Bytes::from(
+                        match strip_usage
+                            .then(|| meter::with_stream_usage(&bytes))
+                            .flatten()
+                        {
+                            Some(asked) => asked,
+                            None => bytes,
+                        },
+                    );
+                    log.sent_rewritten(&bytes);
+                    (expansion, guard, body) = self.watchers(&sending, Some(in_block), bytes, log);
+                    first = body.clone();
+                    answer = send(body).await?;
+                    let succeeded = answer.response.status().is_success();
+                    refusal::asked_in_block(state, upstream, succeeded);
+                }
+            }
         }
         let (saving, sent_tokens) = (outgoing.saving, outgoing.sent_tokens);
         let answer = match expansion {

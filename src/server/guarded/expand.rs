@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::pump::{Events, channel_body, forward, forward_all, pump};
+use super::refusal::{self, Answered};
 use super::{Sent, read_whole, too_large};
 use crate::error::ProxyError;
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
@@ -163,20 +164,27 @@ impl ExpandCall {
     /// asked once more with those tools in full in the block. The answer, and what was sent.
     async fn ask(&mut self, body: Bytes) -> Result<(UpstreamResponse, Bytes), ProxyError> {
         let answer = self.send(body.clone()).await?;
-        if answer.response.status() != StatusCode::BAD_REQUEST {
-            return Ok((answer, body));
-        }
-        let Some(in_block) = inline::in_block_instead(&self.request, &self.client_tools) else {
+        let in_block = (answer.response.status() == StatusCode::BAD_REQUEST)
+            .then(|| inline::in_block_instead(&self.request, &self.client_tools))
+            .flatten();
+        let Some(in_block) = in_block else {
             return Ok((answer, body));
         };
-        super::refused_definitions(&self.state, &self.upstream);
-        self.request = in_block;
-        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
-        let body =
-            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
-        let body = self.as_sent(body);
-        Ok((self.send(body.clone()).await?, body))
+        match refusal::read(&self.upstream, answer).await? {
+            Answered::Other(answer) => Ok((answer, body)),
+            Answered::RefusedSystemMessage => {
+                self.request = in_block;
+                let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+                self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
+                let body = serde_json::to_vec(&self.request)
+                    .map_err(|e| ProxyError::Internal(e.to_string()))?;
+                let body = self.as_sent(body);
+                let answer = self.send(body.clone()).await?;
+                let succeeded = answer.response.status().is_success();
+                refusal::asked_in_block(&self.state, &self.upstream, succeeded);
+                Ok((answer, body))
+            }
+        }
     }
 
     async fn send(&self, body: Bytes) -> Result<UpstreamResponse, ProxyError> {

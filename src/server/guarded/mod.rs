@@ -8,6 +8,7 @@
 mod expand;
 mod json;
 mod pump;
+pub mod refusal;
 mod stream;
 
 pub use expand::{ExpandCall, expand};
@@ -196,25 +197,6 @@ impl GuardCall {
 }
 
 /// A JSON answer that says it is larger than `MAX_JSON_BYTES`: relayed unread.
-/// Counts and remembers that `upstream` refused a definitions message in mid-conversation
-/// (its later requests define tools in the block); logged once per upstream.
-pub fn refused_definitions(state: &SharedState, upstream: &Upstream) {
-    let name = &upstream.config.name;
-    state
-        .metrics
-        .tool_definitions_refused
-        .with_label_values(&[name.as_str()])
-        .inc();
-    if upstream.learn_refused_definitions() {
-        tracing::warn!(
-            upstream = %name,
-            "the upstream refused a system message in mid-conversation (tool definitions): \
-             asked again with them in the block, as its later requests will be; set \
-             tool_definitions = \"in_block\" for it"
-        );
-    }
-}
-
 fn too_large(answer: &UpstreamResponse) -> bool {
     answer
         .response
@@ -226,7 +208,7 @@ fn too_large(answer: &UpstreamResponse) -> bool {
 
 /// Reads a JSON answer whole (at most `MAX_JSON_BYTES`, by its deadline): its parts, its body
 /// and when it was asked.
-async fn read_whole(
+pub(super) async fn read_whole(
     upstream: &Upstream,
     answer: UpstreamResponse,
 ) -> Result<(Parts, Bytes, Instant), ProxyError> {

@@ -1,0 +1,90 @@
+//! Upstreams whose chat template refuses a system message in mid-conversation (vLLM's "Only
+//! user and assistant roles are supported…" for Mistral's templates): such a 400 to a request
+//! that defines tools in a message is asked again with those tools in the block, and once that
+//! works, the upstream's later requests define tools in the block.
+
+use axum::body::Body;
+use axum::http::{Response, StatusCode};
+
+use super::read_whole;
+use crate::error::ProxyError;
+use crate::server::SharedState;
+use crate::upstream::{Upstream, UpstreamResponse};
+
+/// What a 400 said.
+pub enum Answered {
+    /// A chat template refused a system message that is not first.
+    RefusedSystemMessage,
+    /// Anything else: the answer, as it came.
+    Other(UpstreamResponse),
+}
+
+/// Reads a 400 answer to tell a template's refusal of a system message from any other error
+/// (a context too long, an invalid parameter: the client's answer, never asked again).
+pub async fn read(upstream: &Upstream, answer: UpstreamResponse) -> Result<Answered, ProxyError> {
+    if answer.response.status() != StatusCode::BAD_REQUEST {
+        return Ok(Answered::Other(answer));
+    }
+    let deadline = answer.deadline;
+    let (parts, bytes, started) = read_whole(upstream, answer).await?;
+    if refuses_system_messages(&bytes) {
+        return Ok(Answered::RefusedSystemMessage);
+    }
+    Ok(Answered::Other(UpstreamResponse {
+        response: Response::from_parts(parts, Body::from(bytes)),
+        started,
+        deadline,
+    }))
+}
+
+/// Whether an error body is a chat template's role check: "Only user and assistant roles are
+/// supported…" (vLLM), "Conversation roles must alternate user/assistant…", "System role not
+/// supported".
+fn refuses_system_messages(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body).to_lowercase();
+    text.contains("role")
+        && ["system", "alternate", "only user and assistant"]
+            .iter()
+            .any(|said| text.contains(said))
+}
+
+/// Counts a request asked again with its definitions in the block; when that answer is a
+/// success, the upstream defines tools in the block from now on (logged once).
+pub fn asked_in_block(state: &SharedState, upstream: &Upstream, succeeded: bool) {
+    let name = &upstream.config.name;
+    state
+        .metrics
+        .tool_definitions_refused
+        .with_label_values(&[name.as_str()])
+        .inc();
+    if succeeded && upstream.learn_refused_definitions() {
+        tracing::warn!(
+            upstream = %name,
+            "the upstream refused a system message in mid-conversation (tool definitions): \
+             asked again with them in the block, as its later requests will be; set \
+             tool_definitions = \"in_block\" for it"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_refusals_are_told_from_other_errors() {
+        for refusal in [
+            r#"{"object":"error","message":"Only user and assistant roles are supported, with the exception of an initial optional system message!","type":"BadRequestError","code":400}"#,
+            r#"{"error":{"message":"Conversation roles must alternate user/assistant/user/assistant/..."}}"#,
+            r#"{"error":"System role not supported"}"#,
+        ] {
+            assert!(refuses_system_messages(refusal.as_bytes()), "{refusal}");
+        }
+        for other in [
+            r#"{"error":{"message":"This model's maximum context length is 128000 tokens.","code":"context_length_exceeded"}}"#,
+            r#"{"error":{"message":"Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."}}"#,
+        ] {
+            assert!(!refuses_system_messages(other.as_bytes()), "{other}");
+        }
+    }
+}
