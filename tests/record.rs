@@ -336,6 +336,13 @@ async fn the_queue_is_bounded_in_bytes_too() {
     });
     assert_eq!(wait_for_records(&proxy, 20.0).await.0, 20.0 - dropped);
     assert_eq!(reader.await.unwrap(), 20 - dropped as usize);
+    // One exchange over the bound on its own is dropped as such, the queue empty or not.
+    let small = recording_proxy(&mock, &dir.join("small.jsonl"), "queue_max_bytes = 4000").await;
+    let answer = post(&small, &question(&format!("{long} again?")), &[]).await;
+    assert_eq!(answer.status(), 200);
+    wait_for_records(&small, 1.0).await;
+    let too_large = small.metric("ctxproxy_record_dropped_total", &[("reason", "too_large")]);
+    assert_eq!(too_large.await, 1.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

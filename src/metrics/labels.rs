@@ -142,6 +142,8 @@ label_set! {
     /// Why a sampled exchange was not recorded.
     RecordDrop {
         QueueFull => "queue_full",
+        /// An exchange larger than `[record] queue_max_bytes` on its own.
+        TooLarge => "too_large",
         WriteError => "write_error",
         WriterStopped => "writer_stopped",
     }

@@ -109,6 +109,10 @@ impl Recorder {
             return;
         };
         let bytes = exchange.approximate_bytes();
+        if bytes > self.max_queued_bytes {
+            self.count_dropped(RecordDrop::TooLarge);
+            return;
+        }
         let queued = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
         if queued + bytes > self.max_queued_bytes {
             self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);

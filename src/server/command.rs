@@ -60,6 +60,14 @@ async fn serve(config: Config) -> Result<(), String> {
         version = env!("CARGO_PKG_VERSION"),
         "ctxproxy listening"
     );
+    for upstream in &state.config.upstreams {
+        tracing::info!(
+            upstream = %upstream.name,
+            base_url = %upstream.base_url,
+            tool_definitions = ?upstream.pipeline.tools.definitions,
+            "upstream"
+        );
+    }
     let served = super::serve(listener, state.clone(), super::shutdown_signal()).await;
     // What was recorded before the stop reaches the file.
     let _ = tokio::task::spawn_blocking(move || {
