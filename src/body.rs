@@ -30,6 +30,18 @@ pub enum BodyEnd {
     DeadlineExceeded,
 }
 
+impl BodyEnd {
+    /// As logs and recordings say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyEnd::Complete => "complete",
+            BodyEnd::Failed => "failed",
+            BodyEnd::Dropped => "dropped",
+            BodyEnd::DeadlineExceeded => "deadline_exceeded",
+        }
+    }
+}
+
 type OnEnd = Box<dyn FnOnce(BodyEnd) + Send>;
 
 /// How a body ended, judged from one polled frame, if it did.

@@ -186,7 +186,13 @@ impl ProxyError {
                 field: path,
                 message: strip_position(&inner),
             },
-            serde_json::error::Category::Data => ProxyError::InvalidBody(strip_position(&inner)),
+            serde_json::error::Category::Data => ProxyError::InvalidBody(
+                // serde names the Rust type it expected; the client sent something else.
+                strip_position(&inner).replace(
+                    "expected struct ChatRequest",
+                    "expected a JSON object: a chat completion request",
+                ),
+            ),
             _ => ProxyError::MalformedJson {
                 message: strip_position(&inner),
                 line: inner.line(),

@@ -1,4 +1,7 @@
-//! Logging setup: pretty or JSON lines, level from config (`RUST_LOG` wins when set).
+//! Logging setup: pretty or JSON lines, level from config (`RUST_LOG` wins when set). Colours
+//! only on a terminal: a log written to a file or a pipe carries no escape codes.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -10,7 +13,8 @@ pub fn init(log: &LogConfig) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(true);
+        .with_target(true)
+        .with_ansi(std::io::stdout().is_terminal());
     // try_init: a second call (tests) keeps the first subscriber.
     let _ = match log.format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -184,6 +184,17 @@ async fn bad_requests_get_openai_format_errors() {
     let (status, error) = error_of(wrong_type).await;
     assert_eq!((status, error["param"].as_str()), (400, Some("messages")));
 
+    // Not an object at all: said in the client's terms, not the proxy's type names.
+    let array = post(&url, &json!([{"role": "user", "content": "Hi"}])).await;
+    let (status, error) = error_of(array).await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (400, Some("invalid_body"))
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("expected a JSON object"), "{message}");
+    assert!(!message.contains("ChatRequest"), "{message}");
+
     let missing = post(&url, &json!({"messages": []})).await;
     let (status, error) = error_of(missing).await;
     assert_eq!(status, 400);
@@ -574,7 +585,8 @@ async fn health_readiness_and_metrics() {
         "ctxproxy_requests_total{route=\"chat_completions\",status=\"400\"} 1",
         "ctxproxy_request_duration_seconds_count{route=\"chat_completions\"} 4",
         "ctxproxy_upstream_duration_seconds_count{upstream=\"default\"} 3",
-        "ctxproxy_in_flight_requests 1",
+        // The scrape itself is not an API request in flight.
+        "ctxproxy_in_flight_requests 0",
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
@@ -599,4 +611,35 @@ async fn unknown_routes_and_wrong_methods_get_openai_errors() {
     );
     let (status, error) = error_of(client.get(proxy.url("/nope")).send().await.unwrap()).await;
     assert_eq!((status, error["code"].as_str()), (404, Some("unknown_url")));
+}
+
+#[tokio::test]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    use std::io::BufRead;
+    let port = common::closed_port().await;
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("CTXPROXY_STORE_BACKEND", "memory")
+        .env("CTXPROXY_LOG_FORMAT", "pretty")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = serve.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    serve.kill().unwrap();
+    let _ = serve.wait();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(!line.contains('\x1b'), "{line:?}");
 }

@@ -153,6 +153,15 @@ impl Definitions {
         }
     }
 
+    /// As the config says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Definitions::Auto => "auto",
+            Definitions::InPlace => "in_place",
+            Definitions::InBlock => "in_block",
+        }
+    }
+
     /// Whether a tool needed later grows in the block (a request that was never resolved
     /// against an upstream, as in `analyze`, reads `auto` as in place).
     pub fn in_block(self) -> bool {

@@ -126,12 +126,7 @@ impl Exchange {
             status: self.status,
             stream: self.streamed,
             cache: self.cache.as_deref(),
-            end: match self.end {
-                Some(BodyEnd::Complete) => "complete",
-                Some(BodyEnd::Failed) => "failed",
-                Some(BodyEnd::Dropped) | None => "dropped",
-                Some(BodyEnd::DeadlineExceeded) => "deadline_exceeded",
-            },
+            end: self.end.unwrap_or(BodyEnd::Dropped).as_str(),
             tokens: self.report.as_ref().map(|r| Tokens {
                 before: r.tokens_before,
                 after: r.tokens_after,

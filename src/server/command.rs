@@ -64,7 +64,7 @@ async fn serve(config: Config) -> Result<(), String> {
         tracing::info!(
             upstream = %upstream.name,
             base_url = %upstream.base_url,
-            tool_definitions = ?upstream.pipeline.tools.definitions,
+            tool_definitions = upstream.pipeline.tools.definitions.as_str(),
             "upstream"
         );
     }

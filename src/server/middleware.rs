@@ -99,7 +99,9 @@ struct Exchange {
 
 impl Exchange {
     fn start(state: &SharedState, route: Route, request: &Request, id: HeaderValue) -> Self {
-        state.metrics.in_flight.inc();
+        if in_flight_counts(route) {
+            state.metrics.in_flight.inc();
+        }
         Exchange {
             state: state.clone(),
             route,
@@ -141,7 +143,9 @@ impl Drop for Exchange {
                 gone
             }
         };
-        self.state.metrics.in_flight.dec();
+        if in_flight_counts(self.route) {
+            self.state.metrics.in_flight.dec();
+        }
         let elapsed = self.started.elapsed();
         self.state
             .metrics
@@ -165,7 +169,7 @@ impl Drop for Exchange {
                     path = self.path,
                     status = status.as_u16(),
                     duration_ms = elapsed.as_secs_f64() * 1000.0,
-                    end = ?end,
+                    end = end.map_or("-", BodyEnd::as_str),
                     cause = cause.unwrap_or("-"),
                 )
             };
@@ -176,6 +180,12 @@ impl Drop for Exchange {
             access_line!(tracing::Level::INFO);
         }
     }
+}
+
+/// Whether a route's requests count in `ctxproxy_in_flight_requests`: the API's, not probes
+/// and scrapes (an idle proxy reads 0).
+fn in_flight_counts(route: Route) -> bool {
+    !matches!(route, Route::Healthz | Route::Readyz | Route::Metrics)
 }
 
 /// A response that failed after its head: logged at WARN.
