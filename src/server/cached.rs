@@ -125,8 +125,7 @@ pub async fn dedup_plan(
         .and_then(|body| scope_digest(&body, config.dedup.scope));
     let eligible = !question.trim().is_empty()
         && !is_time_dependent(&question, &config.time_words)
-        && !no_store_or_no_cache(headers)
-        && state.store.is_up();
+        && !no_store_or_no_cache(headers);
     let Some(contract) = contract.filter(|_| eligible) else {
         count_dedup(state, LookupResult::Bypass, labels);
         return None;
@@ -262,7 +261,8 @@ pub async fn look_up(
 ) -> Lookup {
     let config = &state.config.cache;
     let decision = decide(chat, headers, config);
-    if matches!(decision, Decision::Bypass(_)) || !state.store.is_up() {
+    // While Redis is down the store serves from this replica's memory: its repeats still hit.
+    if matches!(decision, Decision::Bypass(_)) {
         count(state, LookupResult::Bypass, labels);
         return Lookup::Bypass;
     }
