@@ -45,7 +45,7 @@ pub enum ProxyError {
     RouteNotFound { method: String, path: String },
     #[error("{path} does not accept {method}")]
     MethodNotAllowed { method: String, path: String },
-    #[error("No upstream is configured for model '{model}'")]
+    #[error("{}", model_not_routed(model))]
     ModelNotRouted { model: String },
     #[error("Invalid or missing API key. Send a ctxproxy key as 'Authorization: Bearer <key>'.")]
     Unauthorized,
@@ -199,6 +199,14 @@ impl ProxyError {
                 column: inner.column(),
             },
         }
+    }
+}
+
+fn model_not_routed(model: &str) -> String {
+    if model.is_empty() {
+        "No default upstream is configured ([upstream] base_url is empty), and this request names no model that a [[routes]] entry claims".to_owned()
+    } else {
+        format!("No upstream is configured for model '{model}'")
     }
 }
 

@@ -429,6 +429,44 @@ async fn unrouted_model_without_default_upstream_is_404() {
 }
 
 #[tokio::test]
+async fn without_default_upstream_the_routes_list_their_models() {
+    let local = start_mock(MockOptions::default()).await;
+    let proxy = start_proxy(&format!(
+        "[upstream]\nbase_url = \"\"\n[[routes]]\nname = \"local\"\n\
+         models = [\"llama-3.1-8b\", \"qwen*\"]\nbase_url = \"{}\"\n",
+        local.base_url()
+    ))
+    .await;
+    let models: Value = client()
+        .get(proxy.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "llama-3.1-8b");
+    assert_eq!(models["data"][0]["owned_by"], "local");
+    assert_eq!(
+        models["data"].as_array().unwrap().len(),
+        1,
+        "a glob names no model"
+    );
+    // Another path that names no model: said plainly.
+    let files = client().get(proxy.url("/v1/files")).send().await.unwrap();
+    let (status, error) = error_of(files).await;
+    assert_eq!(status, 404);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("No default upstream"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
 async fn client_disconnect_mid_stream_drops_the_upstream_request() {
     let mock = start_mock(MockOptions {
         tokens_per_sec: Some(20.0),

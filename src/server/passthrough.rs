@@ -7,12 +7,13 @@
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
-use axum::response::Response;
+use axum::http::{HeaderMap, Method, header};
+use axum::response::{IntoResponse, Response};
 use http_body_util::Limited;
 use serde::Deserialize;
 
 use super::{RequestContext, SharedState, content_length, read_body};
+use crate::config::Config;
 use crate::error::ProxyError;
 use crate::upstream::{OutgoingBody, apply_upstream_auth, end_to_end};
 
@@ -45,6 +46,9 @@ pub async fn forward(
             OutgoingBody::Streaming(limited),
         )
     };
+    if upstream_index.is_none() && parts.method == Method::GET && parts.uri.path() == "/v1/models" {
+        return Ok(routed_models(&state.config));
+    }
     let upstream = upstream_index
         .and_then(|index| state.upstreams.get(index))
         .ok_or_else(|| ProxyError::ModelNotRouted {
@@ -75,6 +79,29 @@ pub async fn forward(
             other => other,
         })?;
     Ok(upstream.relay(answer, &state.metrics, None))
+}
+
+/// `GET /v1/models` without a default upstream: the models the routes name (exact names; a
+/// glob names no model), owned by their route, as OpenAI lists models.
+fn routed_models(config: &Config) -> Response<Body> {
+    let data: Vec<serde_json::Value> = config
+        .routes
+        .iter()
+        .flat_map(|route| {
+            let owner = config
+                .upstreams
+                .get(route.upstream)
+                .map_or("", |u| u.name.as_str());
+            route
+                .patterns
+                .iter()
+                .filter(|p| !p.contains(['*', '?']))
+                .map(move |model| {
+                    serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": owner})
+                })
+        })
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
