@@ -5,9 +5,13 @@
 //! cuts happen only at whitespace, line or item boundaries, so no kept identifier changes.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
+
+use foldhash::quality::FixedState;
 
 use serde_json::{Map, Value};
 
+use super::Memo;
 use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
 use super::payload::{self, Payload};
 use super::report::{CompactDetails, StageDetails, StageName};
@@ -70,7 +74,8 @@ impl Stage for CompactStage {
             };
             let protected = working_set.contains(index);
             if protected {
-                if let Some((compacted, form)) = working_set_result(&text, cx.config, cx.counter) {
+                let kept = working_set_result(&text, cx.config, cx.counter, cx.memo);
+                if let Some((compacted, form)) = kept {
                     match form {
                         Form::Json => json_compacted += 1,
                         Form::Text => text_compacted += 1,
@@ -152,6 +157,36 @@ pub(super) fn working_set_result(
     text: &str,
     config: &super::PipelineConfig,
     counter: &TokenCounter,
+    memo: &Memo,
+) -> Option<(String, Form)> {
+    let compact = &config.compact;
+    let key = FixedState::with_seed(WORKING_SET_SEED).hash_one((
+        text,
+        compact.tool_result_max_tokens,
+        compact.max_string_chars,
+        counter.encoding(),
+    ));
+    let kept = memo.value(key, || WorkingSetForm(lossless(text, config, counter)));
+    kept.0.clone()
+}
+
+/// Seed of the memo keys of working-set forms.
+const WORKING_SET_SEED: u64 = 0x776f_726b_7365_7401;
+
+/// A result's working-set form, memoized: the budget stage reruns compaction, and a
+/// conversation's later requests append the same results again.
+struct WorkingSetForm(Option<(String, Form)>);
+
+impl crate::bounded::Weigh for WorkingSetForm {
+    fn heap_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |(text, _)| text.capacity())
+    }
+}
+
+fn lossless(
+    text: &str,
+    config: &super::PipelineConfig,
+    counter: &TokenCounter,
 ) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
@@ -208,12 +243,13 @@ pub(super) fn appended(
     message: &Message,
     config: &super::PipelineConfig,
     counter: &TokenCounter,
+    memo: &Memo,
 ) -> Option<Message> {
     if !config.compact.enabled || !matches!(message.role, Role::Tool | Role::Function) {
         return None;
     }
     let text = message.content.get().map(|c| c.text())?;
-    let (compacted, _) = working_set_result(&text, config, counter)?;
+    let (compacted, _) = working_set_result(&text, config, counter, memo)?;
     let mut message = message.clone();
     set_text(&mut message, compacted);
     Some(message)

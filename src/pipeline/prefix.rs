@@ -478,7 +478,7 @@ fn appended_tokens(message: &Message, settings: u64, env: &Env<'_>) -> usize {
     let mut hasher = FixedState::with_seed(APPENDED_SEED ^ settings).build_hasher();
     hash_message(message, &mut hasher);
     *env.memo.value(hasher.finish(), || {
-        compact::appended(message, env.config, env.counter)
+        compact::appended(message, env.config, env.counter, env.memo)
             .map_or_else(|| env.counter.message(message), |m| env.counter.message(&m))
     })
 }
@@ -501,7 +501,7 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
             sent.messages.push(defined);
         }
         before += counter.message(message);
-        let message = match compact::appended(message, env.config, counter) {
+        let message = match compact::appended(message, env.config, counter, env.memo) {
             Some(smaller) => {
                 compacted += 1;
                 smaller
