@@ -58,6 +58,11 @@ async fn post(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest:
     request.send().await.unwrap()
 }
 
+/// The JSON answer to `body`.
+async fn answer_to(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> Value {
+    post(proxy, body, headers).await.json().await.unwrap()
+}
+
 fn chat_count(mock: &Mock) -> u64 {
     MockStats::get(&mock.stats.chat_requests)
 }
@@ -285,11 +290,7 @@ async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_in_the_blo
     assert!(rewrite.tools.get().unwrap().contains(send_email.unwrap()));
     // A route may say otherwise.
     let in_place = in_place_proxy(&mock).await;
-    let answer: Value = post(&in_place, &request(false), &headers)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = answer_to(&in_place, &request(false), &headers).await;
     let reasked: ctxproxy::openai::ChatRequest =
         serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
     assert_eq!(
@@ -347,11 +348,7 @@ async fn a_stream_that_did_not_ask_for_usage_gets_none_and_both_calls_are_metere
     assert_eq!(streamed.calls.len(), 1);
     assert!(streamed.usage.is_none(), "the client did not ask for usage");
     // The same question's prompt, once, as the mock counts it (messages and tools).
-    let once: Value = post(&proxy, &request(false), &[("Cache-Control", "no-cache")])
-        .await
-        .json()
-        .await
-        .unwrap();
+    let once: Value = answer_to(&proxy, &request(false), &[("Cache-Control", "no-cache")]).await;
     let once = once["usage"]["prompt_tokens"].as_f64().unwrap();
     // The re-ask's prompt: the rewrite (its stubs) and the definition of the tool called.
     let client_tools: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
@@ -413,11 +410,7 @@ async fn the_next_turn_extends_the_re_ask_byte_for_byte() {
         ("X-Mock-Echo", "1"),
         ("X-Conversation-Id", "umbrella"),
     ];
-    let first: Value = post(&proxy, &request(false), &headers)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let first: Value = answer_to(&proxy, &request(false), &headers).await;
     // The re-ask: the block as it was (stubs), the definition appended last.
     let reask = &first["mock_echo"]["body"];
     let explained = proxy.explain(&request(false), &[]).await;
@@ -487,7 +480,7 @@ async fn a_strict_stub_goes_in_full_and_the_next_turn_extends_the_re_ask() {
         ("X-Mock-Echo", "1"),
         ("X-Conversation-Id", "lunch"),
     ];
-    let first: Value = post(&proxy, &body, &headers).await.json().await.unwrap();
+    let first: Value = answer_to(&proxy, &body, &headers).await;
     let reask = first["mock_echo"]["body"].clone();
     // Promoted in place in the block (strict), nothing appended to the messages.
     assert_eq!(reask["tools"][2], tools[2]);
@@ -740,20 +733,12 @@ async fn a_template_that_drops_definitions_gets_them_in_the_block_by_default() {
     ];
     // In place, the dropped definition leaves the model with the stub: no arguments.
     let in_place = in_place_proxy(&mock).await;
-    let answer: Value = post(&in_place, &request(false), &headers)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = answer_to(&in_place, &request(false), &headers).await;
     let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["arguments"], "{}");
     // The default for a loopback upstream: in the block, read whatever the template.
     let default = proxy_for(&mock, FILTER_ALL).await;
-    let answer: Value = post(&default, &request(false), &headers)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = answer_to(&default, &request(false), &headers).await;
     let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["arguments"], r#"{"city":"mock"}"#);
 }

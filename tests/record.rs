@@ -69,6 +69,17 @@ async fn wait_for_records(proxy: &Proxy, n: f64) -> (f64, f64) {
     panic!("fewer than {n} records after 10 s");
 }
 
+/// A FIFO nobody reads, in `dir`: the writer blocks on opening it, as on a stuck disk.
+fn stuck_file(dir: &Path) -> PathBuf {
+    let fifo = dir.join("stuck.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fifo
+}
+
 fn lines(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -282,12 +293,7 @@ async fn a_full_queue_drops_records_and_requests_go_on() {
     let mock = start_mock(MockOptions::default()).await;
     let dir = temp_dir("record-full");
     // A FIFO nobody reads: the writer blocks on opening it, as on a stuck disk.
-    let fifo = dir.join("stuck.jsonl");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let fifo = stuck_file(&dir);
     let proxy = recording_proxy(&mock, &fifo, "queue_capacity = 1").await;
     for n in 0..20 {
         let answer = post(&proxy, &question(&format!("Question {n}?")), &[]).await;
@@ -312,12 +318,7 @@ async fn a_full_queue_drops_records_and_requests_go_on() {
 async fn the_queue_is_bounded_in_bytes_too() {
     let mock = start_mock(MockOptions::default()).await;
     let dir = temp_dir("record-bytes");
-    let fifo = dir.join("stuck.jsonl");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let fifo = stuck_file(&dir);
     // Room for 1,000 exchanges, but only 40 KB: two of these 12 KB questions at most.
     let record = "queue_capacity = 1000\nqueue_max_bytes = 40000";
     let proxy = recording_proxy(&mock, &fifo, record).await;
