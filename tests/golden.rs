@@ -78,6 +78,7 @@ golden!(
     budget_ladder,
     agent_proposal_ledger,
     tools_defined_where_called,
+    database_results_recall,
 );
 
 prefix_golden!(

@@ -148,6 +148,7 @@ mod tests {
             cleared: 3,
             json_compacted: 1,
             text_compacted: 0,
+            handles: Vec::new(),
         };
         let rewrite = rewrite(vec![
             stage(StageName::Tools, 100, StageDetails::Tools(tools)),

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use super::Memo;
 use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
 use super::payload::{self, Payload};
+use super::recall;
 use super::report::{CompactDetails, StageDetails, StageName};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
@@ -60,6 +61,10 @@ impl Stage for CompactStage {
             cx,
         );
         let (mut cleared, mut json_compacted, mut text_compacted) = (0, 0, 0);
+        // A result cleared or cut names the handle of its original (`recall.rs`).
+        let recall = cx.config.compact.recall
+            && recall::can_offer(request, request.tools.get().map_or(&[], Vec::as_slice));
+        let mut handles = Vec::new();
         // Copied on the first change.
         let mut messages: Option<Vec<Message>> = None;
         let mut replace = |index: usize, text: String| {
@@ -89,9 +94,19 @@ impl Stage for CompactStage {
                 let stub = cx.memo.text(stub_key(call, &text, max_tokens, cx), || {
                     stub(call, &text, max_tokens, cx.counter)
                 });
+                let stub = if recall {
+                    let handle = recall::handle_of(&text);
+                    let stub = with_handle(&stub, &handle);
+                    handles.push(handle);
+                    stub
+                } else {
+                    stub.to_string()
+                };
                 if stub.len() < text.len() {
-                    replace(index, stub.to_string());
+                    replace(index, stub);
                     cleared += 1;
+                } else if recall {
+                    handles.pop();
                 }
                 continue;
             }
@@ -116,7 +131,7 @@ impl Stage for CompactStage {
                 keep.extend(extra.iter().map(String::as_str));
             }
             // What is under an envelope is compacted, not the envelope's one long string.
-            let compacted = match payload::read(&text) {
+            let mut compacted = match payload::read(&text) {
                 Payload::Tree(value) => {
                     json_compacted += 1;
                     compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
@@ -126,6 +141,13 @@ impl Stage for CompactStage {
                     compact_text(&inner, max_tokens, MAX_OMITTED_IDS, cx.counter)
                 }
             };
+            if recall {
+                let handle = recall::handle_of(&text);
+                compacted.push_str(&recall::cut_note(&handle));
+                if compacted.len() < text.len() {
+                    handles.push(handle);
+                }
+            }
             if compacted.len() < text.len() {
                 replace(index, compacted);
             }
@@ -137,6 +159,7 @@ impl Stage for CompactStage {
                 cleared,
                 json_compacted,
                 text_compacted,
+                handles,
             }),
         }
     }
@@ -384,6 +407,12 @@ pub fn stub(
         }
     }
     out
+}
+
+/// A stub that ends naming the handle of its original: `[…; recall rc-…]`.
+fn with_handle(stub: &str, handle: &str) -> String {
+    let open = stub.strip_suffix(']').unwrap_or(stub);
+    format!("{open}; recall {handle}]")
 }
 
 /// At most `max_chars` characters, cut at whitespace, with ` …` when cut.

@@ -321,6 +321,9 @@ pub struct CompactConfig {
     pub keep_fields: Vec<String>,
     /// Extra fields to keep, by tool name.
     pub tool_fields: std::collections::BTreeMap<String, Vec<String>>,
+    /// A result cleared or cut names a handle, and a request with tools offers
+    /// `ctxproxy_recall`: the proxy answers a call with the original, unseen by the client.
+    pub recall: bool,
 }
 
 impl Default for CompactConfig {
@@ -360,6 +363,7 @@ impl Default for CompactConfig {
             max_string_chars: 300,
             keep_fields: keep.iter().map(|s| (*s).to_owned()).collect(),
             tool_fields: std::collections::BTreeMap::new(),
+            recall: true,
         }
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod identifiers;
 mod memo;
 pub mod payload;
 pub mod prefix;
+pub mod recall;
 mod reinforcement;
 pub mod report;
 mod system;
@@ -332,7 +333,31 @@ fn run_stages_into<'a>(
         }
         reports.push(report);
     }
+    if offers_recall(&reports, config) {
+        let client_tools = request.tools.get().map_or(&[][..], Vec::as_slice);
+        if recall::can_offer(&current, client_tools) {
+            let mut owned = current.into_owned();
+            recall::offer(&mut owned);
+            let after_tools = tool_tokens(&owned);
+            if let Some(last) = reports.last_mut() {
+                last.tokens_after += after_tools.saturating_sub(tools);
+            }
+            current = Cow::Owned(owned);
+        }
+    }
     (current, reports)
+}
+
+/// The request offers `ctxproxy_recall` when a result names a handle, and, so that the block
+/// stays the same bytes on every turn, whenever the conversation's tool block was decided.
+fn offers_recall(reports: &[StageReport], config: &PipelineConfig) -> bool {
+    if !(config.compact.enabled && config.compact.recall) {
+        return false;
+    }
+    reports.iter().any(|r| match &r.details {
+        StageDetails::Compact(details) => !details.handles.is_empty(),
+        _ => false,
+    })
 }
 
 /// The request with other messages, copying the rest only when it is still borrowed.

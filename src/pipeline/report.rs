@@ -232,11 +232,14 @@ pub struct CategoryScore {
 }
 
 /// `compact`: tool results cleared to a stub, or compacted as JSON or as text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct CompactDetails {
     pub cleared: usize,
     pub json_compacted: usize,
     pub text_compacted: usize,
+    /// The handles that the results cleared or cut name (`ctxproxy_recall`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handles: Vec<String>,
 }
 
 /// `budget`: the steps taken to fit the budget.

@@ -1,0 +1,240 @@
+//! A way back for what a cap drops: a tool result that the compact stage clears or cuts names a
+//! handle (`rc-` and 8 hex digits of its text), and the request offers one small tool,
+//! `ctxproxy_recall`, the same bytes on every turn. A model that calls it gets the original
+//! from the client's own request, asked again by the proxy (`server::guarded::expand`); the
+//! client never sees the call. The original never leaves the request it came in, so a handle
+//! is scoped to its tenant and conversation by construction, and no store holds it.
+
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
+
+use foldhash::quality::FixedState;
+use serde_json::Value;
+
+use crate::openai::{ChatRequest, Message, Nullable, Role, Tool, ToolCall};
+
+/// The recall tool's name.
+pub const TOOL_NAME: &str = "ctxproxy_recall";
+
+/// Seed of handles: a handle is the same on every replica and every turn.
+const HANDLE_SEED: u64 = 0x7265_6361_6c6c_0001;
+
+/// The recall tool, as it is offered: one definition, byte-stable.
+static TOOL: LazyLock<Option<Tool>> = LazyLock::new(|| {
+    serde_json::from_str(
+        r#"{"type":"function","function":{"name":"ctxproxy_recall","description":"The whole original of a shortened tool result, by the handle its note names (recall rc-…).","parameters":{"type":"object","properties":{"handle":{"type":"string"}},"required":["handle"]}}}"#,
+    )
+    .ok()
+});
+
+/// The handle of a tool result's text.
+pub fn handle_of(text: &str) -> String {
+    let hash = FixedState::with_seed(HANDLE_SEED).hash_one(text);
+    format!("rc-{:08x}", hash >> 32)
+}
+
+/// What a cut result ends with: where the whole of it is.
+pub fn cut_note(handle: &str) -> String {
+    format!("\n[shortened; recall {handle}]")
+}
+
+/// The request offers the recall tool: it sends tools, and none of the client's has its name.
+pub fn can_offer(request: &ChatRequest, client_tools: &[Tool]) -> bool {
+    request.tools.get().is_some_and(|t| !t.is_empty()) && !names_recall(client_tools)
+}
+
+/// `request` with the recall tool last in its block (once).
+pub fn offer(request: &mut ChatRequest) {
+    let (Some(tool), Nullable::Value(tools)) = (TOOL.as_ref(), &mut request.tools) else {
+        return;
+    };
+    if !names_recall(tools) {
+        tools.push(tool.clone());
+    }
+}
+
+/// Whether `tools` offer the recall tool.
+pub fn offered(tools: &[Tool]) -> bool {
+    names_recall(tools)
+}
+
+fn names_recall(tools: &[Tool]) -> bool {
+    tools
+        .iter()
+        .any(|t| t.function.as_ref().is_some_and(|f| f.name == TOOL_NAME))
+}
+
+/// The handle a recall call asks for, from its arguments (`{"handle": "rc-…"}`; a model that
+/// writes the bare handle is understood too).
+pub fn asked_handle(arguments: &str) -> Option<String> {
+    let handle = match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(map)) => map.get("handle")?.as_str()?.trim().to_owned(),
+        Ok(Value::String(s)) => s.trim().to_owned(),
+        _ => arguments.trim().trim_matches('"').to_owned(),
+    };
+    (!handle.is_empty()).then_some(handle)
+}
+
+/// The original text of the tool result whose handle is `handle`, among the client's messages.
+pub fn original(messages: &[Message], handle: &str) -> Option<String> {
+    messages
+        .iter()
+        .filter(|m| matches!(m.role, Role::Tool | Role::Function))
+        .filter_map(|m| m.content.get().map(|c| c.text()))
+        .find(|text| handle_of(text) == handle)
+        .map(|text| text.into_owned())
+}
+
+/// What a recall answers when the handle names nothing in this conversation.
+pub fn unknown(handle: &str) -> String {
+    format!(
+        "No earlier result has the handle {handle} in this conversation; call the tool that \
+         produced it again if you need it."
+    )
+}
+
+/// One recall the model asked for, answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recalled {
+    pub call: ToolCall,
+    /// The handle asked for, and whether the conversation held it.
+    pub handle: Option<String>,
+    pub found: bool,
+    pub text: String,
+}
+
+/// Answers each recall call from the client's `messages`.
+pub fn answer(calls: Vec<ToolCall>, messages: &[Message]) -> Vec<Recalled> {
+    calls
+        .into_iter()
+        .map(|call| {
+            let handle = asked_handle(&call.function.arguments);
+            let found = handle.as_deref().and_then(|h| original(messages, h));
+            let text = match (&handle, found.as_ref()) {
+                (_, Some(text)) => text.clone(),
+                (Some(h), None) => unknown(h),
+                (None, None) => format!("{TOOL_NAME} needs the handle a shortened result names."),
+            };
+            Recalled {
+                call,
+                found: found.is_some(),
+                handle,
+                text,
+            }
+        })
+        .collect()
+}
+
+/// `request` with the recall calls and their answers appended: an assistant message carrying
+/// the calls, then one tool message per call.
+pub fn appended(request: &ChatRequest, recalled: &[Recalled]) -> ChatRequest {
+    let mut request = request.clone();
+    request.messages.extend(pair(recalled));
+    request
+}
+
+/// The assistant message that calls, and the tool messages that answer.
+pub fn pair(recalled: &[Recalled]) -> Vec<Message> {
+    let mut call = Message::text(Role::Assistant, "");
+    call.content = Nullable::Null;
+    call.tool_calls = Nullable::Value(recalled.iter().map(|r| r.call.clone()).collect());
+    let mut messages = vec![call];
+    for r in recalled {
+        let mut result = Message::text(Role::Tool, r.text.clone());
+        result.tool_call_id = Nullable::Value(r.call.id.clone());
+        messages.push(result);
+    }
+    messages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool_message(text: &str) -> Message {
+        let mut m = Message::text(Role::Tool, text);
+        m.tool_call_id = Nullable::Value("call_1".into());
+        m
+    }
+
+    fn call(arguments: &str) -> ToolCall {
+        serde_json::from_value(serde_json::json!({
+            "id": "call_r", "type": "function",
+            "function": {"name": TOOL_NAME, "arguments": arguments}
+        }))
+        .expect("a tool call")
+    }
+
+    #[test]
+    fn a_handle_is_stable_and_short() {
+        let handle = handle_of("{\"order_id\": \"#W1\"}");
+        assert_eq!(handle, handle_of("{\"order_id\": \"#W1\"}"));
+        assert_ne!(handle, handle_of("{\"order_id\": \"#W2\"}"));
+        assert!(handle.starts_with("rc-") && handle.len() == 11, "{handle}");
+    }
+
+    #[test]
+    fn the_tool_is_offered_once_and_only_with_tools() {
+        let mut request: ChatRequest = serde_json::from_value(serde_json::json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "get_order"}}]
+        }))
+        .expect("a request");
+        let client = request.tools.get().cloned().unwrap_or_default();
+        assert!(can_offer(&request, &client));
+        offer(&mut request);
+        offer(&mut request);
+        let tools = request.tools.get().cloned().unwrap_or_default();
+        assert_eq!(tools.len(), 2);
+        assert!(offered(&tools));
+        // A client tool of that name: not offered.
+        assert!(!can_offer(&request, &tools));
+        let mut plain: ChatRequest = serde_json::from_value(serde_json::json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .expect("a request");
+        assert!(!can_offer(&plain, &[]));
+        offer(&mut plain);
+        assert!(plain.tools.get().is_none());
+    }
+
+    #[test]
+    fn a_recall_is_answered_with_the_original_or_says_it_is_unknown() {
+        let original = "{\"rows\": [[\"29.1\", 1996]]}";
+        let messages = vec![tool_message(original)];
+        let handle = handle_of(original);
+        let recalled = answer(
+            vec![
+                call(&format!("{{\"handle\": \"{handle}\"}}")),
+                call("{\"handle\": \"rc-00000000\"}"),
+                call("{}"),
+            ],
+            &messages,
+        );
+        assert_eq!(recalled[0].text, original);
+        assert!(recalled[0].found);
+        assert!(!recalled[1].found);
+        assert!(
+            recalled[1].text.contains("rc-00000000"),
+            "{}",
+            recalled[1].text
+        );
+        assert!(!recalled[2].found && recalled[2].handle.is_none());
+        let pair = pair(&recalled[..1]);
+        assert_eq!(pair.len(), 2);
+        assert_eq!(
+            pair[1].tool_call_id.get().map(String::as_str),
+            Some("call_r")
+        );
+    }
+
+    #[test]
+    fn a_bare_handle_is_understood() {
+        assert_eq!(asked_handle("rc-1a2b3c4d").as_deref(), Some("rc-1a2b3c4d"));
+        assert_eq!(
+            asked_handle("\"rc-1a2b3c4d\"").as_deref(),
+            Some("rc-1a2b3c4d")
+        );
+        assert_eq!(asked_handle(""), None);
+    }
+}
