@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use ctxproxy::openai::{ChatRequest, Role};
+use ctxproxy::pipeline::recall;
 use ctxproxy::pipeline::tools::inline;
 use ctxproxy::pipeline::working_set::WorkingSet;
 use ctxproxy::pipeline::{self, PipelineConfig};
@@ -253,10 +254,32 @@ proptest! {
                 Some((_, held)) if text.starts_with('[') => held.to_owned(),
                 _ => text,
             };
+            // The handle a shortened result names is the proxy's, not the result's.
+            let handles: Vec<String> = recall::handles_in(&text).map(str::to_owned).collect();
+            let text = handles.iter().fold(text, |t, h| t.replace(h.as_str(), ""));
             for kept in identifiers(&text) {
                 let marker = text.contains(&format!("of {kept})")) || text.contains(&format!("of {kept};")) || text.contains(&format!("showing {kept} ")) || text.contains(&format!("[… {kept} lines"));
                 prop_assert!(marker || original.contains(&kept), "identifier {} not in the original result", kept);
             }
+        }
+
+        // A way back: every identifier of a cleared or shortened result is still sent, or the
+        // result names a handle that the proxy can answer from the client's request.
+        let offers_recall = output.tools.get().is_some_and(|t| recall::offered(t));
+        let answerable = recall::originals(&output.messages, &request.messages);
+        for (id, text) in tool_texts(output) {
+            let original = &originals[&id];
+            let shortened = text.contains(" result cleared") || text.contains("[shortened; recall ");
+            if !shortened {
+                continue;
+            }
+            let lost: Vec<String> = identifiers(original).into_iter().filter(|i| !sent_text.contains(i)).collect();
+            if lost.is_empty() || request.tools.get().is_none_or(Vec::is_empty) {
+                continue;
+            }
+            let handle = recall::handle_of(original);
+            prop_assert!(offers_recall && text.contains(&handle), "{:?} lost and no handle in {}", lost, text);
+            prop_assert!(answerable.iter().any(|(h, t)| *h == handle && t == original), "handle {} not answerable", handle);
         }
     }
 }
@@ -386,10 +409,15 @@ proptest! {
         config.tools.min_tool_tokens = 0;
         config.tools.min_stub_tokens = 0;
         let stubbed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
-        prop_assert_eq!(stubbed.request.tool_names(), request.tool_names());
+        // The recall tool, when offered, comes last.
+        let mut names = stubbed.request.tool_names();
+        if names.last().is_some_and(|n| *n == recall::TOOL_NAME) {
+            names.pop();
+        }
+        prop_assert_eq!(names, request.tool_names());
         config.tools.left_out = pipeline::config::LeftOut::Remove;
         let removed = pipeline::run(&request, &env(&config, &counter, &pipeline::Memo::default(), budget));
         let kept = removed.request.tool_names();
-        prop_assert!(kept.iter().all(|name| request.tool_names().contains(name)));
+        prop_assert!(kept.iter().filter(|n| **n != recall::TOOL_NAME).all(|name| request.tool_names().contains(name)));
     }
 }

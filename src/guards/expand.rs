@@ -10,6 +10,7 @@ use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
 use crate::openai::sse::{SseSplitter, StreamProgress, event_too_large_event};
+use crate::openai::{FunctionCall, ToolCall};
 
 /// The SSE comment that ends an expanded stream, before the names of the tools defined (headers
 /// are gone by then).
@@ -70,6 +71,15 @@ pub enum PartEnd {
     Done(Vec<Bytes>),
 }
 
+/// A held tool call, from its streamed deltas.
+#[derive(Debug, Default)]
+struct HeldCall {
+    index: u64,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
 /// Where the deltas of one streamed tool call go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CallRoute {
@@ -106,6 +116,8 @@ pub struct ExpandStream {
     /// known only at its end.
     holding_whole: bool,
     called: Vec<String>,
+    /// The calls of this part that are held, as assembled from their deltas.
+    held_calls: Vec<HeldCall>,
     /// This part's tool calls by the upstream's index, and where each goes.
     calls: Vec<(u64, CallRoute)>,
     /// Tool calls relayed so far over every part: the client's index of the next one.
@@ -138,6 +150,7 @@ impl ExpandStream {
             holding: false,
             holding_whole: false,
             called: Vec::new(),
+            held_calls: Vec::new(),
             calls: Vec::new(),
             relayed_calls: 0,
             relayed_before_part: 0,
@@ -204,6 +217,7 @@ impl ExpandStream {
         self.reasked.clear();
         self.role_in_part = false;
         self.calls.clear();
+        self.held_calls.clear();
         self.relayed_before_part = self.relayed_calls;
         // Once text went out, a re-asked part is held whole: its text is known only at its end.
         self.holding_whole = !self.said.is_empty();
@@ -337,7 +351,10 @@ impl ExpandStream {
                     delta["index"] = Value::from(client_index);
                     relay.push(delta);
                 }
-                CallRoute::Hold => hold.push(delta),
+                CallRoute::Hold => {
+                    self.assemble(index, &delta);
+                    hold.push(delta);
+                }
                 CallRoute::Drop => {}
             }
         }
@@ -352,6 +369,49 @@ impl ExpandStream {
             delta.remove("tool_calls");
         }
         hold
+    }
+
+    /// Adds a held call's delta to the call it builds.
+    fn assemble(&mut self, index: u64, delta: &Value) {
+        let at = match self.held_calls.iter().position(|c| c.index == index) {
+            Some(at) => at,
+            None => {
+                self.held_calls.push(HeldCall {
+                    index,
+                    ..HeldCall::default()
+                });
+                self.held_calls.len() - 1
+            }
+        };
+        let call = &mut self.held_calls[at];
+        if let Some(id) = delta["id"].as_str() {
+            call.id.push_str(id);
+        }
+        let function = &delta["function"];
+        if let Some(name) = function["name"].as_str() {
+            call.name.push_str(name);
+        }
+        if let Some(arguments) = function["arguments"].as_str() {
+            call.arguments.push_str(arguments);
+        }
+    }
+
+    /// The held calls of the tool `name` of the part that just ended, as whole calls.
+    pub fn held_calls_of(&self, name: &str) -> Vec<ToolCall> {
+        self.held_calls
+            .iter()
+            .filter(|c| c.name == name)
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                kind: Some("function".to_owned()),
+                function: FunctionCall {
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                    extra: Default::default(),
+                },
+                extra: Default::default(),
+            })
+            .collect()
     }
 
     /// Where a call this part starts goes, by its name.

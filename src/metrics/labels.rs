@@ -174,6 +174,16 @@ label_set! {
 }
 
 label_set! {
+    /// What a call of `ctxproxy_recall` got.
+    RecallOutcome {
+        /// The original of the handle it named.
+        Found => "found",
+        /// A tool result saying the handle names nothing in this conversation.
+        Unknown => "unknown",
+    }
+}
+
+label_set! {
     /// What became of an answer that claims an action without a tool call.
     ClaimRepair {
         Off => "off",

@@ -12,8 +12,8 @@ use prometheus::{
 
 pub use labels::{
     BudgetOutcome, CacheName, CacheOutcome, ClaimRepair, Compaction, ContinuationOutcome,
-    ExpansionOutcome, LookupResult, MemoryCache, RecordDrop, Route, SavingSource, StoreOp,
-    TokenPhase, ToolPhase, UpstreamError, UsageKind,
+    ExpansionOutcome, LookupResult, MemoryCache, RecallOutcome, RecordDrop, Route, SavingSource,
+    StoreOp, TokenPhase, ToolPhase, UpstreamError, UsageKind,
 };
 
 use crate::config::Config;
@@ -137,6 +137,8 @@ pub struct Metrics {
     pub tool_expansions: IntCounterVec,
     /// The upstream time answers that called stubs took beyond the first answer.
     pub tool_expansion_duration: Histogram,
+    /// `outcome`: [`RecallOutcome`].
+    pub tool_recalls: IntCounterVec,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -323,6 +325,11 @@ impl Metrics {
                 "Answers that called a tool sent as a stub without its definition, asked again with it defined, by outcome: expanded (the called tools defined were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), error (a re-ask failed; the client got the upstream's error).",
                 &["model", "tenant", "outcome"],
             )?,
+            tool_recalls: r.counters(
+                "ctxproxy_tool_recalls_total",
+                "Calls of ctxproxy_recall that the proxy answered itself, unseen by the client, by outcome: found (the original of a cleared or shortened tool result), unknown (the handle named nothing in the request; the model was told so).",
+                &["model", "tenant", "outcome"],
+            )?,
             tool_expansion_duration: r.histogram(
                 "ctxproxy_tool_expansion_duration_seconds",
                 "Upstream time an answer that called stubs took beyond the first answer (its re-asks).",
@@ -380,6 +387,10 @@ impl Metrics {
         // Rare by design: exported at zero for the dashboard.
         for outcome in ExpansionOutcome::ALL {
             self.tool_expansions
+                .with_label_values(&["other", "default", outcome.as_str()]);
+        }
+        for outcome in RecallOutcome::ALL {
+            self.tool_recalls
                 .with_label_values(&["other", "default", outcome.as_str()]);
         }
     }

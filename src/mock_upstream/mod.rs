@@ -12,7 +12,8 @@
 //! many pieces with `finish_reason: "length"`; `X-Mock-Follow-Up-Status: 503` fails only follow-up
 //! requests (those ending with an assistant message and then a user or system message, as a
 //! continuation or a retry does). `X-Mock-Stream-Fault` and `X-Mock-Invalid-Json` fail an
-//! answer after its 200 ([`fault`]). `X-Mock-System-Messages: reject|drop` imitates chat
+//! answer after its 200 ([`fault`]). `X-Mock-Recall: first|<handle>` calls `ctxproxy_recall`
+//! (with the first handle the messages name, or that one) unless the last message answers it. `X-Mock-System-Messages: reject|drop` imitates chat
 //! templates that refuse or drop a system message after the first ([`template`]). `usage.prompt_tokens_details.cached_tokens` is what a
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
@@ -284,6 +285,9 @@ async fn chat_completions(
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         reply = reply::scripted(reply, &request, text, overlap);
+    }
+    if let Some(wanted) = header_str(&headers, "x-mock-recall") {
+        reply = reply::recalling(reply, &request, wanted);
     }
     if let Some(text) = header_str(&headers, "x-mock-preamble") {
         reply = reply::with_preamble(reply, text);

@@ -165,6 +165,50 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
 /// A text answer replaced by `text` (`X-Mock-Reply`). When the request continues a cut answer
 /// (an assistant message that starts `text`, then a user or system message), the answer is the
 /// rest of `text`, repeating the last `overlap` characters said (`X-Mock-Overlap`).
+/// `X-Mock-Recall: first|<handle>`: a call of `ctxproxy_recall` with that handle (`first`: the
+/// first `rc-…` the messages name), when the request offers the tool and its last message is
+/// not a tool result (the recalled original is answered as any tool result is).
+pub fn recalling(reply: Reply, request: &ChatRequest, wanted: &str) -> Reply {
+    use crate::pipeline::recall;
+    let offered = request
+        .tools
+        .get()
+        .is_some_and(|tools| recall::offered(tools));
+    let answered = request
+        .messages
+        .last()
+        .is_some_and(|m| matches!(m.role, Role::Tool));
+    if !offered || answered {
+        return reply;
+    }
+    let handle = if wanted == "first" {
+        let Some(handle) = request
+            .messages
+            .iter()
+            .filter_map(|m| m.content.get().map(Content::text))
+            .find_map(|text| recall::handles_in(&text).next().map(str::to_owned))
+        else {
+            return reply;
+        };
+        handle
+    } else {
+        wanted.to_owned()
+    };
+    let id = format!(
+        "call_recall_{}",
+        &reply.id[reply.id.len().saturating_sub(8)..]
+    );
+    Reply {
+        pieces: Vec::new(),
+        tool_calls: vec![MockToolCall {
+            id,
+            name: recall::TOOL_NAME.to_owned(),
+            arguments: json!({ "handle": handle }).to_string(),
+        }],
+        ..reply
+    }
+}
+
 /// A tool-call reply that says `text` before its calls (a text answer is left as it is).
 pub fn with_preamble(mut reply: Reply, text: &str) -> Reply {
     if !reply.tool_calls.is_empty() {

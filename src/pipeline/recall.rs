@@ -53,6 +53,13 @@ pub fn offer(request: &mut ChatRequest) {
     }
 }
 
+/// `request` without the recall tool: what the last recall round allowed sends.
+pub fn withdraw(request: &mut ChatRequest) {
+    if let Nullable::Value(tools) = &mut request.tools {
+        tools.retain(|t| t.function.as_ref().is_none_or(|f| f.name != TOOL_NAME));
+    }
+}
+
 /// Whether `tools` offer the recall tool.
 pub fn offered(tools: &[Tool]) -> bool {
     names_recall(tools)
@@ -75,14 +82,38 @@ pub fn asked_handle(arguments: &str) -> Option<String> {
     (!handle.is_empty()).then_some(handle)
 }
 
-/// The original text of the tool result whose handle is `handle`, among the client's messages.
-pub fn original(messages: &[Message], handle: &str) -> Option<String> {
-    messages
+/// The handles (`rc-` and 8 hex digits) that `text` names, in order.
+pub fn handles_in(text: &str) -> impl Iterator<Item = &str> {
+    text.match_indices("rc-").filter_map(|(at, _)| {
+        let handle = text.get(at..at + 11)?;
+        let hex = handle[3..].bytes().all(|b| b.is_ascii_hexdigit());
+        let alone = !text[at + 11..].starts_with(|c: char| c.is_ascii_alphanumeric());
+        (hex && alone).then_some(handle)
+    })
+}
+
+/// The originals that `sent` (a rewrite) names by handle, from the client's `messages`.
+pub fn originals(sent: &[Message], messages: &[Message]) -> Vec<(String, String)> {
+    let texts = |ms: &[Message]| -> Vec<String> {
+        ms.iter()
+            .filter(|m| matches!(m.role, Role::Tool | Role::Function))
+            .filter_map(|m| m.content.get().map(|c| c.text().into_owned()))
+            .collect()
+    };
+    let named: std::collections::HashSet<String> = texts(sent)
         .iter()
-        .filter(|m| matches!(m.role, Role::Tool | Role::Function))
-        .filter_map(|m| m.content.get().map(|c| c.text()))
-        .find(|text| handle_of(text) == handle)
-        .map(|text| text.into_owned())
+        .flat_map(|t| handles_in(t).map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    if named.is_empty() {
+        return Vec::new();
+    }
+    texts(messages)
+        .into_iter()
+        .filter_map(|text| {
+            let handle = handle_of(&text);
+            named.contains(&handle).then_some((handle, text))
+        })
+        .collect()
 }
 
 /// What a recall answers when the handle names nothing in this conversation.
@@ -103,15 +134,15 @@ pub struct Recalled {
     pub text: String,
 }
 
-/// Answers each recall call from the client's `messages`.
-pub fn answer(calls: Vec<ToolCall>, messages: &[Message]) -> Vec<Recalled> {
+/// Answers each recall call with the original `find` gives for its handle.
+pub fn answer<'a>(calls: Vec<ToolCall>, find: impl Fn(&str) -> Option<&'a str>) -> Vec<Recalled> {
     calls
         .into_iter()
         .map(|call| {
             let handle = asked_handle(&call.function.arguments);
-            let found = handle.as_deref().and_then(|h| original(messages, h));
-            let text = match (&handle, found.as_ref()) {
-                (_, Some(text)) => text.clone(),
+            let found = handle.as_deref().and_then(&find);
+            let text = match (&handle, found) {
+                (_, Some(text)) => text.to_owned(),
                 (Some(h), None) => unknown(h),
                 (None, None) => format!("{TOOL_NAME} needs the handle a shortened result names."),
             };
@@ -201,15 +232,23 @@ mod tests {
     #[test]
     fn a_recall_is_answered_with_the_original_or_says_it_is_unknown() {
         let original = "{\"rows\": [[\"29.1\", 1996]]}";
-        let messages = vec![tool_message(original)];
         let handle = handle_of(original);
+        let sent = vec![tool_message(&format!("[cleared; recall {handle}]"))];
+        let originals = originals(&sent, &[tool_message("other"), tool_message(original)]);
+        assert_eq!(originals, vec![(handle.clone(), original.to_owned())]);
+        let find = |h: &str| {
+            originals
+                .iter()
+                .find(|(k, _)| k == h)
+                .map(|(_, t)| t.as_str())
+        };
         let recalled = answer(
             vec![
                 call(&format!("{{\"handle\": \"{handle}\"}}")),
                 call("{\"handle\": \"rc-00000000\"}"),
                 call("{}"),
             ],
-            &messages,
+            find,
         );
         assert_eq!(recalled[0].text, original);
         assert!(recalled[0].found);
@@ -225,6 +264,15 @@ mod tests {
         assert_eq!(
             pair[1].tool_call_id.get().map(String::as_str),
             Some("call_r")
+        );
+    }
+
+    #[test]
+    fn handles_are_read_from_text() {
+        let text = "a; recall rc-1a2b3c4d] and rc-zzzzzzzz, rc-1a2b3c4d5 rc-00ff00ff";
+        assert_eq!(
+            handles_in(text).collect::<Vec<_>>(),
+            ["rc-1a2b3c4d", "rc-00ff00ff"]
         );
     }
 

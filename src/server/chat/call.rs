@@ -16,6 +16,7 @@ use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::BudgetOutcome;
 use crate::openai::ChatRequest;
+use crate::pipeline::recall;
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::server::meter::Saving;
 use crate::server::{RequestContext, SharedState, prefix_state, read_body, scope, sticky};
@@ -56,7 +57,8 @@ pub struct Outgoing {
     pub saving: Option<Saving>,
     /// The tokens of the rewrite sent; `None` when the client's bytes go.
     pub sent_tokens: Option<usize>,
-    /// The rewrite, when it sends tools as stubs (an answer may call one: `expand`).
+    /// The rewrite, when it sends tools as stubs or offers `ctxproxy_recall` (an answer may
+    /// call one: `expand`).
     pub with_stubs: Option<ChatRequest>,
 }
 
@@ -185,11 +187,16 @@ impl<'a> ChatCall<'a> {
             .and_then(|stage| stage.details.tools())
             .and_then(|tools| tools.stubs)
             .is_some_and(|stubs| stubs > 0);
+        let recall = rewrite
+            .request
+            .tools
+            .get()
+            .is_some_and(|t| recall::offered(t));
         Ok(Outgoing {
             body,
             saving,
             sent_tokens: Some(report.tokens_after),
-            with_stubs: stubs.then_some(rewrite.request),
+            with_stubs: (stubs || recall).then_some(rewrite.request),
         })
     }
 

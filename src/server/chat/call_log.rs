@@ -25,6 +25,7 @@ const X_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-b
 const X_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-after");
 const X_OVER_BUDGET: HeaderName = HeaderName::from_static("x-ctxproxy-over-budget");
 const X_TOOLS_EXPANDED: HeaderName = HeaderName::from_static("x-ctxproxy-tools-expanded");
+const X_RECALLED: HeaderName = HeaderName::from_static("x-ctxproxy-recalled");
 const X_TOKENS_SAVEABLE: HeaderName = HeaderName::from_static("x-ctxproxy-tokens-saveable");
 
 /// The token counts a response reports in its headers: what the client sent and what went
@@ -63,6 +64,8 @@ pub struct CallLog {
     pub flags: Flags,
     /// Tools sent as stubs that the answer called, asked again in full.
     pub expanded: Vec<String>,
+    /// Handles of results that the answer recalled (`ctxproxy_recall`), answered by the proxy.
+    pub recalled: Vec<String>,
     pub received: tokio::time::Instant,
 }
 
@@ -80,6 +83,7 @@ impl CallLog {
             cache: None,
             flags: Flags::default(),
             expanded: Vec::new(),
+            recalled: Vec::new(),
             received: tokio::time::Instant::now(),
         }
     }
@@ -147,6 +151,11 @@ impl CallLog {
             && let Ok(names) = HeaderValue::from_str(&self.expanded.join(","))
         {
             headers.insert(X_TOOLS_EXPANDED, names);
+        }
+        if !self.recalled.is_empty()
+            && let Ok(handles) = HeaderValue::from_str(&self.recalled.join(","))
+        {
+            headers.insert(X_RECALLED, handles);
         }
         if let Some(cache) = self.cache {
             headers.insert(X_CTXPROXY_CACHE, HeaderValue::from_static(cache.as_str()));

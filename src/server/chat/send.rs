@@ -231,6 +231,7 @@ impl ChatCall<'_> {
             Some(expansion) => {
                 let expanded = guarded::expand(expansion, answer, first).await?;
                 log.expanded = expanded.expanded;
+                log.recalled = expanded.recalled;
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
                 }
@@ -251,7 +252,7 @@ impl ChatCall<'_> {
             sent_at,
             saving,
             sent_tokens,
-            expanded: !log.expanded.is_empty(),
+            expanded: !log.expanded.is_empty() || !log.recalled.is_empty(),
             strip_usage,
             usage_asked,
         })

@@ -18,8 +18,9 @@ use super::refusal::{self, Answered};
 use super::{Sent, read_whole, too_large};
 use crate::error::ProxyError;
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
-use crate::metrics::{ChatLabels, ExpansionOutcome};
-use crate::openai::{ChatRequest, Nullable, Tool};
+use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
+use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
+use crate::pipeline::recall;
 use crate::pipeline::tools::inline::{self, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
 use crate::server::SharedState;
@@ -41,6 +42,10 @@ pub struct ExpandCall {
     client_tools: Vec<Tool>,
     /// The tools `request` offers as stubs.
     stubs: Vec<String>,
+    /// The request offers `ctxproxy_recall`: the originals its handles name.
+    recall: Option<Recall>,
+    /// The handles recalled so far.
+    recalled: Vec<String>,
     /// Re-asks so far.
     rounds: u32,
     /// The last re-ask allowed sent every tool in full.
@@ -50,6 +55,17 @@ pub struct ExpandCall {
     labels: ChatLabels,
 }
 
+/// What the proxy answers `ctxproxy_recall` with: the originals of the rewrite's handles, from
+/// the client's own request (`pipeline::recall`).
+struct Recall {
+    originals: Vec<(String, String)>,
+    rounds: u32,
+}
+
+/// Recall rounds at most in one answer; the last takes the tool out of the request, so the
+/// next answer cannot call it again.
+const MAX_RECALL_ROUNDS: u32 = 3;
+
 /// The answer the client gets, and what it took.
 pub struct Expanded {
     pub answer: UpstreamResponse,
@@ -58,6 +74,8 @@ pub struct Expanded {
     pub expanded: Vec<String>,
     /// The request the final answer answers: what the guards ask again with.
     pub sent: Bytes,
+    /// The handles recalled (JSON answers; a stream's are counted in the metrics only).
+    pub recalled: Vec<String>,
 }
 
 impl ExpandCall {
@@ -72,8 +90,13 @@ impl ExpandCall {
         labels: &ChatLabels,
     ) -> Option<ExpandCall> {
         let client_tools = client.tools.get()?.clone();
-        let stubs = undefined_stubs(request.tools.get()?, &request.messages, &client_tools);
-        if stubs.is_empty() {
+        let tools = request.tools.get()?;
+        let stubs = undefined_stubs(tools, &request.messages, &client_tools);
+        let recall = recall::offered(tools).then(|| Recall {
+            originals: recall::originals(&request.messages, &client.messages),
+            rounds: 0,
+        });
+        if stubs.is_empty() && recall.is_none() {
             return None;
         }
         Some(ExpandCall {
@@ -86,11 +109,78 @@ impl ExpandCall {
             request,
             client_tools,
             stubs,
+            recall,
+            recalled: Vec::new(),
             rounds: 0,
             all_full: false,
             stream_usage,
             labels: labels.clone(),
         })
+    }
+
+    /// The names whose calls the answer is watched for: the stubs, and `ctxproxy_recall`.
+    fn watched(&self) -> Vec<String> {
+        let mut names = self.stubs.clone();
+        if self.recall.is_some() {
+            names.push(recall::TOOL_NAME.to_owned());
+        }
+        names
+    }
+
+    /// The request to ask again with, for an answer that called `called`: with the recall
+    /// calls (`recalls`) answered when it called `ctxproxy_recall`, else with the stubs'
+    /// definitions.
+    fn re_ask(&mut self, called: &[String], recalls: Vec<ToolCall>) -> Result<Bytes, ProxyError> {
+        if called.iter().any(|c| c == recall::TOOL_NAME) {
+            self.answer_recalls(recalls)
+        } else {
+            self.define(called)
+        }
+    }
+
+    /// The request with the recall calls and the originals they asked for appended; the last
+    /// round allowed (or calls that could not be read) takes the tool out of the request.
+    fn answer_recalls(&mut self, calls: Vec<ToolCall>) -> Result<Bytes, ProxyError> {
+        let Some(recall) = self.recall.as_mut() else {
+            return Err(ProxyError::Internal(
+                "a recall without the tool offered".into(),
+            ));
+        };
+        recall.rounds += 1;
+        let originals = &recall.originals;
+        let find = |h: &str| {
+            originals
+                .iter()
+                .find(|(handle, _)| handle == h)
+                .map(|(_, text)| text.as_str())
+        };
+        let answered = recall::answer(calls, find);
+        let metrics = &self.state.metrics;
+        let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
+        for r in &answered {
+            let outcome = if r.found {
+                RecallOutcome::Found
+            } else {
+                RecallOutcome::Unknown
+            };
+            metrics
+                .tool_recalls
+                .with_label_values(&[model, tenant, outcome.as_str()])
+                .inc();
+        }
+        self.recalled
+            .extend(answered.iter().filter_map(|r| r.handle.clone()));
+        let last = answered.is_empty() || recall.rounds >= MAX_RECALL_ROUNDS;
+        if !answered.is_empty() {
+            self.request = recall::appended(&self.request, &answered);
+        }
+        if last {
+            recall::withdraw(&mut self.request);
+            self.recall = None;
+        }
+        let body =
+            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        Ok(self.as_sent(body))
     }
 
     /// The request with the definitions of `called` (`inline::reask`); the last round allowed
@@ -236,6 +326,7 @@ pub async fn expand(
             answer,
             expanded: Vec::new(),
             sent,
+            recalled: Vec::new(),
         });
     }
     if is_event_stream(answer.response.headers()) {
@@ -247,6 +338,7 @@ pub async fn expand(
             answer,
             expanded: Vec::new(),
             sent,
+            recalled: Vec::new(),
         });
     }
     expand_json(call, answer, sent).await
@@ -259,7 +351,7 @@ async fn expand_json(
 ) -> Result<Expanded, ProxyError> {
     let (mut parts, bytes, started) = read_whole(&call.upstream, answer).await?;
     let total_timeout = call.upstream.config.total_timeout;
-    let done = |parts, bytes: Bytes, expanded, sent| Expanded {
+    let done = |parts, bytes: Bytes, expanded, sent, recalled| Expanded {
         answer: UpstreamResponse {
             response: Response::from_parts(parts, Body::from(bytes)),
             started,
@@ -267,20 +359,21 @@ async fn expand_json(
         },
         expanded,
         sent,
+        recalled,
     };
     let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else {
-        return Ok(done(parts, bytes, Vec::new(), sent));
+        return Ok(done(parts, bytes, Vec::new(), sent, Vec::new()));
     };
     let mut earlier = Vec::new();
     let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
     loop {
-        let called = called_stubs(&answer, &call.stubs);
+        let called = called_stubs(&answer, &call.watched());
         if called.is_empty() {
             break;
         }
-        sent = call.define(&called)?;
-        expanded.extend(called);
+        sent = call.re_ask(&called, calls_of(&answer, recall::TOOL_NAME))?;
+        expanded.extend(called.into_iter().filter(|c| c != recall::TOOL_NAME));
         let (next_parts, next_answer) = match ask_json(&mut call, &mut sent).await {
             Ok(Reasked::Answer(parts, answer)) => (parts, answer),
             // An upstream error to a re-ask is the client's answer: never the call to a stub.
@@ -290,6 +383,7 @@ async fn expand_json(
                     answer,
                     expanded,
                     sent,
+                    recalled: call.recalled,
                 });
             }
             Err(e) => {
@@ -301,13 +395,32 @@ async fn expand_json(
         earlier.push(std::mem::replace(&mut answer, next_answer));
     }
     if earlier.is_empty() {
-        return Ok(done(parts, bytes, expanded, sent));
+        return Ok(done(parts, bytes, expanded, sent, Vec::new()));
     }
-    call.count(call.outcome(), expanding);
+    if !expanded.is_empty() {
+        call.count(call.outcome(), expanding);
+    }
     let merged = with_usage_of(answer, &earlier);
     let body = serde_json::to_vec(&merged).map_err(|e| ProxyError::Internal(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
-    Ok(done(parts, Bytes::from(body), expanded, sent))
+    Ok(done(
+        parts,
+        Bytes::from(body),
+        expanded,
+        sent,
+        call.recalled,
+    ))
+}
+
+/// The calls of the tool `name` in a JSON answer's first choice.
+fn calls_of(answer: &Value, name: &str) -> Vec<ToolCall> {
+    answer["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|call| call["function"]["name"] == name)
+        .filter_map(|call| serde_json::from_value(call.clone()).ok())
+        .collect()
 }
 
 /// The answer to a JSON re-ask.
@@ -354,12 +467,13 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
         },
         expanded: Vec::new(),
         sent,
+        recalled: Vec::new(),
     }
 }
 
 async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
     let max_event = call.upstream.config.max_event_bytes;
-    let mut rewriter = ExpandStream::new(call.stubs.clone(), max_event);
+    let mut rewriter = ExpandStream::new(call.watched(), max_event);
     let mut body = first;
     let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
@@ -391,7 +505,8 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                 return;
             }
             PartEnd::ReAsk(called) => {
-                let next = match call.define(&called) {
+                let recalls = rewriter.held_calls_of(recall::TOOL_NAME);
+                let next = match call.re_ask(&called, recalls) {
                     // A client that left is not asked for again.
                     Ok(request) => tokio::select! {
                         next = call.ask(request) => next.map(|(next, _)| next),
@@ -399,10 +514,10 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
                     },
                     Err(e) => Err(e),
                 };
-                expanded.extend(called);
+                expanded.extend(called.into_iter().filter(|c| c != recall::TOOL_NAME));
                 match next.and_then(|next| call.stream_of(next)) {
                     Ok(next) => {
-                        rewriter.re_asked(call.stubs.clone());
+                        rewriter.re_asked(call.watched());
                         body = next;
                     }
                     // The error event says why: the upstream's timeout, failure, or answer.
