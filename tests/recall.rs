@@ -246,3 +246,42 @@ async fn no_recall_tool_without_a_shortened_result_or_without_client_tools() {
         .unwrap();
     assert!(!first.contains("rc-"), "{first}");
 }
+
+#[tokio::test]
+async fn the_next_turn_keeps_the_recalled_result_where_the_re_ask_put_it() {
+    let mock = start_mock(MockOptions::default()).await;
+    // A conversation appended to: rebuilding never pays here.
+    let appended = format!(
+        "[pipeline]\nclear_at_least_tokens = 1000000\n{}",
+        config(&mock)
+    );
+    let proxy = start_proxy_with_env(&appended, Vec::new()).await;
+    let first = conversation(false, "Which region led?");
+    let headers = [("X-Mock-Recall", "first"), ("X-Mock-Echo", "1")];
+    let answer: Value = post(&proxy, &first, &headers).await.json().await.unwrap();
+    let reasked = answer["mock_echo"]["body"]["messages"].clone();
+    let said = answer["choices"][0]["message"]["content"].clone();
+    // The client's next turn: its history, the answer it got, a new question.
+    let mut next = first.clone();
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": said}));
+    messages.push(json!({"role": "user", "content": "And the lowest?"}));
+    // The mark is saved in the background.
+    let mut sent = Value::Null;
+    for _ in 0..50 {
+        let answer: Value = post(&proxy, &next, &[("X-Mock-Echo", "1")])
+            .await
+            .json()
+            .await
+            .unwrap();
+        sent = answer["mock_echo"]["body"]["messages"].clone();
+        if sent.as_array().unwrap().len() > next["messages"].as_array().unwrap().len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (reasked, sent) = (reasked.as_array().unwrap(), sent.as_array().unwrap());
+    // What the re-ask sent is a prefix of the next request, byte for byte: the pair stays.
+    assert_eq!(&sent[..reasked.len()], &reasked[..], "{sent:#?}");
+    assert_eq!(sent[reasked.len()]["content"], said);
+}

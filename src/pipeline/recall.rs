@@ -11,6 +11,9 @@ use std::sync::LazyLock;
 use foldhash::quality::FixedState;
 use serde_json::Value;
 
+use serde::{Deserialize, Serialize};
+
+use super::PrefixReport;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool, ToolCall};
 
 /// The recall tool's name.
@@ -166,16 +169,88 @@ pub fn appended(request: &ChatRequest, recalled: &[Recalled]) -> ChatRequest {
 
 /// The assistant message that calls, and the tool messages that answer.
 pub fn pair(recalled: &[Recalled]) -> Vec<Message> {
-    let mut call = Message::text(Role::Assistant, "");
-    call.content = Nullable::Null;
-    call.tool_calls = Nullable::Value(recalled.iter().map(|r| r.call.clone()).collect());
-    let mut messages = vec![call];
+    let mut messages = vec![Mark::of(0, recalled).call];
     for r in recalled {
         let mut result = Message::text(Role::Tool, r.text.clone());
         result.tool_call_id = Nullable::Value(r.call.id.clone());
         messages.push(result);
     }
     messages
+}
+
+/// Where a recall was answered in a conversation: after the client's first `at` messages, the
+/// assistant message `call` that called `ctxproxy_recall` (its answers are read again from the
+/// client's messages by handle). Later requests of the conversation keep the pair there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mark {
+    pub at: usize,
+    pub call: Message,
+}
+
+impl Mark {
+    pub fn of(at: usize, recalled: &[Recalled]) -> Mark {
+        let mut call = Message::text(Role::Assistant, "");
+        call.content = Nullable::Null;
+        call.tool_calls = Nullable::Value(recalled.iter().map(|r| r.call.clone()).collect());
+        Mark { at, call }
+    }
+}
+
+/// Puts each recall pair of `marks` back where its re-ask put it, into `sent`, the rewrite of
+/// `client`: possible where the rewrite appends the client's messages one for one after its
+/// anchor (`prefix`), so the pair lands byte for byte where the provider's cache has it. A
+/// pair before the anchor (the rewrite was rebuilt since) is not put back. The number of
+/// messages inserted.
+pub fn replay(
+    sent: &mut Vec<Message>,
+    client: &[Message],
+    prefix: Option<&PrefixReport>,
+    marks: &[Mark],
+) -> usize {
+    let n = client.len();
+    let (anchor, appended) = prefix.map_or((n, 0), |p| (p.anchor_messages, p.appended_messages));
+    if anchor + appended != n || appended > sent.len() {
+        return 0;
+    }
+    let mut inserted = 0;
+    let mut marks: Vec<&Mark> = marks
+        .iter()
+        .filter(|m| anchor <= m.at && m.at <= n)
+        .collect();
+    marks.sort_by_key(|m| m.at);
+    for mark in marks {
+        let find = |h: &str| -> Option<String> { original(client, h) };
+        let calls = mark.call.tool_calls().to_vec();
+        let answers: Vec<Message> = calls
+            .iter()
+            .map(|call| {
+                let text = match asked_handle(&call.function.arguments) {
+                    Some(h) => find(&h).unwrap_or_else(|| unknown(&h)),
+                    None => format!("{TOOL_NAME} needs the handle a shortened result names."),
+                };
+                let mut result = Message::text(Role::Tool, text);
+                result.tool_call_id = Nullable::Value(call.id.clone());
+                result
+            })
+            .collect();
+        // Counted from the end: what follows the mark is the client's messages since.
+        let at = sent.len() - (n - mark.at);
+        let pair = std::iter::once(mark.call.clone()).chain(answers);
+        let count = 1 + calls.len();
+        sent.splice(at..at, pair);
+        inserted += count;
+    }
+    inserted
+}
+
+/// The original text of the tool result whose handle is `handle`, among `messages`.
+fn original(messages: &[Message], handle: &str) -> Option<String> {
+    messages
+        .iter()
+        .filter(|m| matches!(m.role, Role::Tool | Role::Function))
+        .filter_map(|m| m.content.get().map(|c| c.text()))
+        .find(|text| handle_of(text) == handle)
+        .map(|text| text.into_owned())
 }
 
 #[cfg(test)]
@@ -265,6 +340,59 @@ mod tests {
             pair[1].tool_call_id.get().map(String::as_str),
             Some("call_r")
         );
+    }
+
+    #[test]
+    fn a_recall_pair_is_put_back_where_the_re_ask_put_it() {
+        let original = "{\"rows\": [[\"29.1\", 1996]]}";
+        let handle = handle_of(original);
+        let client = vec![
+            Message::text(Role::User, "q"),
+            tool_message(original),
+            Message::text(Role::User, "and?"),
+        ];
+        let recalled = answer(vec![call(&format!("{{\"handle\": \"{handle}\"}}"))], |_| {
+            Some(original)
+        });
+        // The re-ask was the first three messages, and the pair after them.
+        let mark = Mark::of(3, &recalled);
+        let mut reasked = vec![
+            client[0].clone(),
+            tool_message("[cleared]"),
+            client[2].clone(),
+        ];
+        reasked.extend(pair(&recalled));
+        // The next request: the answer and a question appended after the same anchor.
+        let mut next = client.clone();
+        next.extend([
+            Message::text(Role::Assistant, "29.1"),
+            Message::text(Role::User, "ok"),
+        ]);
+        let mut sent = vec![
+            client[0].clone(),
+            tool_message("[cleared]"),
+            client[2].clone(),
+        ];
+        sent.extend(next[3..].iter().cloned());
+        let prefix = PrefixReport {
+            anchor_messages: 3,
+            appended_messages: 2,
+            rebuilt: None,
+            whole_tokens: None,
+            previous_tokens: None,
+        };
+        assert_eq!(replay(&mut sent, &next, Some(&prefix), std::slice::from_ref(&mark)), 2);
+        assert_eq!(sent[..5], reasked[..]);
+        assert_eq!(sent[5..], next[3..]);
+        // Rebuilt past the mark: not put back.
+        let rebuilt = PrefixReport {
+            anchor_messages: 5,
+            appended_messages: 0,
+            ..prefix
+        };
+        let mut whole = next.clone();
+        assert_eq!(replay(&mut whole, &next, Some(&rebuilt), &[mark]), 0);
+        assert_eq!(whole, next);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod middleware;
 mod ops;
 mod passthrough;
 mod prefix_state;
+pub(crate) mod recall_marks;
 mod scope;
 mod sticky;
 

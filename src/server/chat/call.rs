@@ -16,10 +16,13 @@ use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::BudgetOutcome;
 use crate::openai::ChatRequest;
-use crate::pipeline::recall;
+use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::server::meter::Saving;
-use crate::server::{RequestContext, SharedState, prefix_state, read_body, scope, sticky};
+use crate::server::{
+    RequestContext, SharedState, prefix_state, read_body, recall_marks, scope, sticky,
+};
+use crate::tokens::TokenCounter;
 use crate::upstream::Upstream;
 
 pub const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
@@ -60,12 +63,16 @@ pub struct Outgoing {
     /// The rewrite, when it sends tools as stubs or offers `ctxproxy_recall` (an answer may
     /// call one: `expand`).
     pub with_stubs: Option<ChatRequest>,
+    /// Where the conversation's recalls were answered: a new one is added to them.
+    pub recalls: Vec<Mark>,
 }
 
 /// The pipeline's rewrite, and the conversation's state in the store before it.
 pub struct Pipelined {
     pub rewrite: Rewrite,
     pub remembered: Option<PrefixState>,
+    /// Where the conversation's recalls were answered (put back into `rewrite`).
+    pub recalls: Vec<Mark>,
 }
 
 /// Reads a chat body, bounded by `[server] max_body_bytes`.
@@ -120,6 +127,7 @@ impl<'a> ChatCall<'a> {
             saving: None,
             sent_tokens: None,
             with_stubs: None,
+            recalls: Vec::new(),
         };
         if self.mode == Mode::Off {
             return Ok(unchanged);
@@ -128,6 +136,7 @@ impl<'a> ChatCall<'a> {
         let Pipelined {
             rewrite,
             remembered,
+            recalls,
         } = self.run_pipeline().await?;
         if let (Some(conversation), Some(prefix)) = (&self.conversation, rewrite.remember)
             && Some(prefix) != remembered
@@ -197,6 +206,7 @@ impl<'a> ChatCall<'a> {
             saving,
             sent_tokens: Some(report.tokens_after),
             with_stubs: (stubs || recall).then_some(rewrite.request),
+            recalls,
         })
     }
 
@@ -205,9 +215,14 @@ impl<'a> ChatCall<'a> {
     pub async fn run_pipeline(&self) -> Result<Pipelined, ProxyError> {
         let state = self.state;
         let sticky = self.sticky_categories().await;
-        let remembered = match &self.conversation {
-            Some(conversation) => prefix_state::load(state, conversation).await,
-            None => None,
+        let (remembered, recalls) = match &self.conversation {
+            Some(conversation) => {
+                tokio::join!(
+                    prefix_state::load(state, conversation),
+                    recall_marks::load(state, conversation)
+                )
+            }
+            None => (None, Vec::new()),
         };
         let config = self.upstream.pipeline();
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
@@ -215,7 +230,7 @@ impl<'a> ChatCall<'a> {
             .tokenizers
             .for_model(&self.chat.model, self.upstream.config.tokenizer);
         let started = Instant::now();
-        let rewrite = pipeline::run(
+        let mut rewrite = pipeline::run(
             &self.chat,
             &pipeline::Env {
                 config,
@@ -227,6 +242,9 @@ impl<'a> ChatCall<'a> {
                 remembered,
             },
         );
+        if !recalls.is_empty() {
+            put_back(&mut rewrite, &self.chat, &recalls, counter);
+        }
         state
             .metrics
             .pipeline_duration
@@ -234,6 +252,7 @@ impl<'a> ChatCall<'a> {
         Ok(Pipelined {
             rewrite,
             remembered,
+            recalls,
         })
     }
 
@@ -331,5 +350,17 @@ fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
                 header: "X-Ctxproxy-Budget",
                 message: "expected a positive number of tokens".into(),
             }),
+    }
+}
+
+/// The conversation's recall pairs put back where their re-asks put them (`recall::replay`),
+/// counted in the tokens sent.
+fn put_back(rewrite: &mut Rewrite, client: &ChatRequest, recalls: &[Mark], counter: &TokenCounter) {
+    let prefix = rewrite.report.prefix.as_ref();
+    let sent = &mut rewrite.request.messages;
+    let before = counter.messages(sent);
+    if recall::replay(sent, &client.messages, prefix, recalls) > 0 {
+        let added = counter.messages(sent).saturating_sub(before);
+        rewrite.report.tokens_after += added;
     }
 }

@@ -16,11 +16,12 @@ use crate::error::ProxyError;
 use crate::metrics::CacheOutcome;
 use crate::openai::ChatRequest;
 use crate::pipeline::Mode;
+use crate::pipeline::recall::Mark;
 use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
 use crate::server::guarded::refusal::{self, Answered};
-use crate::server::guarded::{self, ExpandCall, GuardCall, Sent};
+use crate::server::guarded::{self, Conversation, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
 use crate::server::sticky::StickyUpdate;
 use crate::upstream::{
@@ -180,8 +181,9 @@ impl ChatCall<'_> {
             optimize,
         };
         let with_stubs = outgoing.with_stubs.filter(|_| optimize);
+        let recalls = outgoing.recalls;
         let (mut expansion, mut guard, mut body) =
-            self.watchers(&sending, with_stubs.clone(), body, log);
+            self.watchers(&sending, with_stubs.clone(), body, log, &recalls);
         let mut first = body.clone();
         let sent_at = Instant::now();
         let send = |body: Bytes| {
@@ -218,7 +220,8 @@ impl ChatCall<'_> {
                         },
                     );
                     log.sent_rewritten(&bytes);
-                    (expansion, guard, body) = self.watchers(&sending, Some(in_block), bytes, log);
+                    (expansion, guard, body) =
+                        self.watchers(&sending, Some(in_block), bytes, log, &recalls);
                     first = body.clone();
                     answer = send(body).await?;
                     let succeeded = answer.response.status().is_success();
@@ -267,13 +270,27 @@ impl ChatCall<'_> {
         request: Option<ChatRequest>,
         body: Bytes,
         log: &CallLog,
+        recalls: &[Mark],
     ) -> (Option<ExpandCall>, Option<GuardCall>, Bytes) {
         let state = self.state;
         let mut body = body;
         let mut expansion = request.and_then(|request| {
             let request = (request, sending.strip_usage);
             let sent = sending.sent(&body);
-            ExpandCall::new(state, self.upstream, &self.chat, request, sent, &log.labels)
+            let conversation = Conversation {
+                id: self.conversation.clone(),
+                recalls: recalls.to_vec(),
+            };
+            let labels = &log.labels;
+            ExpandCall::new(
+                state,
+                self.upstream,
+                &self.chat,
+                request,
+                sent,
+                labels,
+                conversation,
+            )
         });
         if let Some(all_full) = expansion
             .as_ref()

@@ -20,11 +20,11 @@ use crate::error::ProxyError;
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
 use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
-use crate::pipeline::recall;
+use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::tools::inline::{self, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
-use crate::server::SharedState;
 use crate::server::meter;
+use crate::server::{SharedState, recall_marks};
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
 
 /// What an expansion needs: the request as sent (with its stubs), the client's tools, and
@@ -60,6 +60,17 @@ pub struct ExpandCall {
 struct Recall {
     originals: Vec<(String, String)>,
     rounds: u32,
+    /// The conversation whose marks a recall adds to, its marks so far, and how many messages
+    /// the client sent (where the pair goes).
+    conversation: Option<String>,
+    marks: Vec<Mark>,
+    client_messages: usize,
+}
+
+/// Where a conversation's recalls go: its id (when it has one) and its recalls so far.
+pub struct Conversation {
+    pub id: Option<String>,
+    pub recalls: Vec<Mark>,
 }
 
 /// Recall rounds at most in one answer; the last takes the tool out of the request, so the
@@ -88,6 +99,7 @@ impl ExpandCall {
         (request, stream_usage): (ChatRequest, bool),
         sent: Sent<'_>,
         labels: &ChatLabels,
+        conversation: Conversation,
     ) -> Option<ExpandCall> {
         let client_tools = client.tools.get()?.clone();
         let tools = request.tools.get()?;
@@ -95,6 +107,9 @@ impl ExpandCall {
         let recall = recall::offered(tools).then(|| Recall {
             originals: recall::originals(&request.messages, &client.messages),
             rounds: 0,
+            conversation: conversation.id,
+            marks: conversation.recalls,
+            client_messages: client.messages.len(),
         });
         if stubs.is_empty() && recall.is_none() {
             return None;
@@ -173,6 +188,13 @@ impl ExpandCall {
         let last = answered.is_empty() || recall.rounds >= MAX_RECALL_ROUNDS;
         if !answered.is_empty() {
             self.request = recall::appended(&self.request, &answered);
+            // The conversation's next requests keep the pair here.
+            recall
+                .marks
+                .push(Mark::of(recall.client_messages, &answered));
+            if let Some(conversation) = &recall.conversation {
+                recall_marks::save(&self.state, conversation, &recall.marks);
+            }
         }
         if last {
             recall::withdraw(&mut self.request);

@@ -11,7 +11,7 @@ mod pump;
 pub mod refusal;
 mod stream;
 
-pub use expand::{ExpandCall, expand};
+pub use expand::{Conversation, ExpandCall, expand};
 
 use std::sync::Arc;
 
