@@ -1,5 +1,6 @@
 //! What the upstream says it spent: `usage` of every chat answer (JSON, or the usage event of a
-//! stream) counted per model and tenant, and the time to a stream's first event. Streams are
+//! stream) counted per model and tenant, priced with `[prices]` (what the answers cost), and the
+//! time to a stream's first event. Streams are
 //! asked for usage even when the client did not ask (`stream_options.include_usage`); that
 //! usage-only event is then left out of what the client receives. For a rewritten request, the
 //! usage also prices what the rewrite saved, with the provider's cached tokens counted.
