@@ -219,6 +219,51 @@ async fn metrics_match_what_was_sent_and_what_the_upstream_reported() {
     assert!(value("ctxproxy_cost_saved_usd_total", &[("source", "cache")]) > 0.0);
     assert_eq!(value("ctxproxy_stream_first_byte_seconds_count", &[]), 2.0);
     assert!(value("ctxproxy_compactions_total", &[]) > 0.0);
+    // What the answers cost: their usage at the price (no cached price: cached tokens at the
+    // input price).
+    let spent = value(
+        "ctxproxy_cost_usd_total",
+        &[("model", "gpt-4o"), ("tenant", "default")],
+    );
+    let expected = (usage.0 as f64 * 2.5 + usage.1 as f64 * 10.0) / 1e6;
+    assert!((spent - expected).abs() < 1e-9, "{spent} vs {expected}");
+    // Latencies carry the model and the tenant, for the dashboard's variables.
+    let gpt_4o = [("model", "gpt-4o"), ("tenant", "default")];
+    for (name, extra, count) in [
+        (
+            "ctxproxy_stream_first_byte_seconds_count",
+            ("upstream", "default"),
+            Some(2.0),
+        ),
+        (
+            "ctxproxy_request_duration_seconds_count",
+            ("route", "chat_completions"),
+            None,
+        ),
+        (
+            "ctxproxy_upstream_duration_seconds_count",
+            ("upstream", "default"),
+            None,
+        ),
+        (
+            "ctxproxy_pipeline_duration_seconds_count",
+            ("tenant", "default"),
+            None,
+        ),
+        (
+            "ctxproxy_cache_lookup_duration_seconds_count",
+            ("cache", "dedup"),
+            None,
+        ),
+    ] {
+        let mut labels = gpt_4o.to_vec();
+        labels.push(extra);
+        let observed = value(name, &labels);
+        match count {
+            Some(count) => assert_eq!(observed, count, "{name}"),
+            None => assert!(observed > 0.0, "{name} {labels:?}"),
+        }
+    }
 }
 
 fn repo_file(path: &str) -> String {
@@ -246,7 +291,8 @@ fn dashboard_queries() -> Vec<String> {
     queries
 }
 
-fn alert_queries() -> Vec<String> {
+/// Every rule of the shipped alert rules.
+fn alert_rules() -> Vec<serde_yaml_ng::Value> {
     let rules: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&repo_file("deploy/prometheus/alerts.yml")).unwrap();
     rules["groups"]
@@ -254,8 +300,107 @@ fn alert_queries() -> Vec<String> {
         .unwrap()
         .iter()
         .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn alert_queries() -> Vec<String> {
+    alert_rules()
+        .iter()
         .map(|r| r["expr"].as_str().unwrap().to_owned())
         .collect()
+}
+
+/// The queries that read Prometheus's own scrape health rather than a ctxproxy metric.
+const SCRAPE_HEALTH: &str = "up{job=\"ctxproxy\"}";
+
+/// GitHub's anchor of a Markdown heading: lowercase, spaces to `-`, other punctuation dropped.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every panel says what it shows (Grafana's hover text), and every alert links to its
+/// runbook: a section of deploy/README.md that exists.
+#[test]
+fn every_panel_has_a_description_and_every_alert_a_runbook() {
+    let dashboard: Value =
+        serde_json::from_str(&repo_file("grafana/dashboards/ctxproxy.json")).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    let undescribed: Vec<&str> = panels
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .filter(|p| {
+            p["description"]
+                .as_str()
+                .is_none_or(|d| d.trim().is_empty())
+        })
+        .map(|p| p["title"].as_str().unwrap_or("?"))
+        .collect();
+    assert!(
+        undescribed.is_empty(),
+        "panels without a description: {undescribed:?}"
+    );
+    let mut ids: Vec<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), panels.len(), "panel ids are not unique");
+
+    let runbook = repo_file("deploy/README.md");
+    let anchors: Vec<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| anchor_of(l.trim_start_matches('#')))
+        .collect();
+    let rules = alert_rules();
+    assert!(rules.len() >= 8, "{} rules", rules.len());
+    for rule in &rules {
+        let name = rule["alert"].as_str().expect("an alerting rule");
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has no runbook_url"));
+        let (page, anchor) = url
+            .split_once('#')
+            .unwrap_or_else(|| panic!("{name}: {url} names no section"));
+        assert!(
+            page.starts_with("https://") && page.ends_with("/deploy/README.md"),
+            "{name}: {url}"
+        );
+        assert_eq!(anchor, name.to_lowercase(), "{name}: its own section");
+        assert!(
+            anchors.iter().any(|a| a == anchor),
+            "{name}: deploy/README.md has no section #{anchor}"
+        );
+        for key in ["summary", "description"] {
+            assert!(
+                rule["annotations"][key].as_str().is_some(),
+                "{name} has no {key}"
+            );
+        }
+    }
+    // The proxy down or gone, and errors on every route (not only chat).
+    let expr = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r["alert"] == name)
+            .and_then(|r| r["expr"].as_str())
+            .unwrap_or_else(|| panic!("no alert {name}"))
+            .to_owned()
+    };
+    assert!(expr("ctxproxyDown").contains("up{job=\"ctxproxy\"} == 0"));
+    assert!(expr("ctxproxyAbsent").contains("absent("));
+    let errors = expr("ctxproxyHighErrorRate");
+    assert!(
+        errors.contains("ctxproxy_requests_total") && errors.contains("by (route)"),
+        "{errors}"
+    );
 }
 
 /// The `ctxproxy_*` metric names an expression reads.
@@ -285,7 +430,10 @@ async fn every_metric_of_the_dashboard_and_the_alerts_is_exported() {
     let queries = [dashboard_queries(), alert_queries()].concat();
     for query in &queries {
         let names = metric_names(query);
-        assert!(!names.is_empty(), "no ctxproxy metric in {query}");
+        assert!(
+            !names.is_empty() || query.contains(SCRAPE_HEALTH),
+            "no ctxproxy metric in {query}"
+        );
         for name in names {
             assert!(
                 exported.contains(&name),
@@ -324,8 +472,44 @@ async fn prometheus_query(base: &str, query: &str) -> Value {
     body["data"]["result"].clone()
 }
 
-/// `prometheus` scraping the proxy during traffic answers every dashboard query with data.
-/// Needs CTXPROXY_TEST_PROMETHEUS (the test command installs the Debian package).
+/// Polls `query` until its result satisfies `done`; returns the last result.
+async fn wait_for_query(base: &str, query: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut result = Value::Null;
+    for _ in 0..120 {
+        result = prometheus_query(base, query).await;
+        if done(&result) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    result
+}
+
+/// The first sample value of a query's result, or 0.
+fn first_value(result: &Value) -> f64 {
+    result[0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Requests to another `/v1/*` route (embeddings) that the upstream fails with a 500.
+async fn failing_passthrough(proxy: &Proxy, count: usize) {
+    for _ in 0..count {
+        let response = send(
+            &proxy.url("/v1/embeddings"),
+            &json!({"model": "text-embedding-3-small", "input": "hello"}),
+            &[("x-mock-embeddings-status", "500")],
+        )
+        .await;
+        assert_eq!(response.status(), 500);
+    }
+}
+
+/// `prometheus` scraping the proxy during traffic answers every dashboard query with data, and
+/// evaluates the shipped alert rules: every rule without error, `ctxproxyDown` pending for a
+/// replica that does not answer, `ctxproxyHighErrorRate` pending for 5xx on a route other than
+/// chat. Needs CTXPROXY_TEST_PROMETHEUS (the test command installs the Debian package).
 #[tokio::test]
 async fn a_real_prometheus_answers_every_dashboard_query() {
     let binary = std::env::var("CTXPROXY_TEST_PROMETHEUS")
@@ -335,11 +519,15 @@ async fn a_real_prometheus_answers_every_dashboard_query() {
     let dir = std::env::temp_dir().join(format!("ctxproxy-prometheus-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("prometheus.yml");
+    // A second replica that does not answer: ctxproxyDown's case.
+    let down = format!("127.0.0.1:{}", common::closed_port().await);
     std::fs::write(
         &config,
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-             scrape_configs:\n  - job_name: ctxproxy\n    static_configs:\n      - targets: ['{}']\n",
+             rule_files: ['{}/deploy/prometheus/alerts.yml']\n\
+             scrape_configs:\n  - job_name: ctxproxy\n    static_configs:\n      - targets: ['{}', '{down}']\n",
+            env!("CARGO_MANIFEST_DIR"),
             proxy.addr
         ),
     )
@@ -372,6 +560,14 @@ async fn a_real_prometheus_answers_every_dashboard_query() {
     }
     assert!(ready, "prometheus did not start");
     drive_mix(&proxy).await;
+    // 5xx on the passthrough route, before and after a scrape (a rate needs an increase).
+    let failed = "sum(ctxproxy_requests_total{route=\"passthrough\", status=\"500\"})";
+    failing_passthrough(&proxy, 3).await;
+    let result = wait_for_query(&base, failed, |r| first_value(r) >= 3.0).await;
+    assert!(first_value(&result) >= 3.0, "{result}");
+    failing_passthrough(&proxy, 3).await;
+    let result = wait_for_query(&base, failed, |r| first_value(r) >= 6.0).await;
+    assert!(first_value(&result) >= 6.0, "{result}");
     let mut scraped = 0.0;
     for _ in 0..50 {
         let result = prometheus_query(&base, scrapes).await;
@@ -400,7 +596,88 @@ async fn a_real_prometheus_answers_every_dashboard_query() {
             "no data for {sent}"
         );
     }
+    let (rules, pending) = alerts_after_evaluation(&base).await;
+    assert_eq!(rules.len(), alert_rules().len(), "{rules:?}");
+    for (name, health) in &rules {
+        assert_eq!(health, "ok", "{name} does not evaluate");
+    }
+    let is_pending = |name: &str, label: (&str, &str)| {
+        pending
+            .iter()
+            .any(|(alert, labels)| alert == name && labels[label.0] == label.1)
+    };
+    assert!(
+        is_pending("ctxproxyDown", ("instance", &down)),
+        "{pending:?}"
+    );
+    assert!(
+        is_pending("ctxproxyHighErrorRate", ("route", "passthrough")),
+        "{pending:?}"
+    );
+    assert!(
+        !pending.iter().any(|(alert, _)| alert == "ctxproxyAbsent"),
+        "{pending:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The alerting rules as Prometheus evaluated them, once every rule was evaluated and the two
+/// expected alerts are pending (or after a minute): each rule's name and health, and the
+/// pending or firing alerts with their labels.
+async fn alerts_after_evaluation(base: &str) -> (Vec<(String, String)>, Vec<(String, Value)>) {
+    let mut outcome = (Vec::new(), Vec::new());
+    for _ in 0..120 {
+        let body: Value = client()
+            .get(format!("{base}/api/v1/rules?type=alert"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let rules: Vec<Value> = body["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        let health: Vec<(String, String)> = rules
+            .iter()
+            .map(|r| {
+                let error = r["lastError"].as_str().unwrap_or_default();
+                let health = r["health"].as_str().unwrap_or_default();
+                let health = if error.is_empty() {
+                    health.to_owned()
+                } else {
+                    format!("{health}: {error}")
+                };
+                (r["name"].as_str().unwrap().to_owned(), health)
+            })
+            .collect();
+        let alerts: Vec<(String, Value)> = rules
+            .iter()
+            .flat_map(|r| r["alerts"].as_array().cloned().unwrap_or_default())
+            .map(|a| {
+                (
+                    a["labels"]["alertname"].as_str().unwrap().to_owned(),
+                    a["labels"].clone(),
+                )
+            })
+            .collect();
+        let evaluated = !health.is_empty() && health.iter().all(|(_, h)| h != "unknown");
+        let names: Vec<&str> = alerts.iter().map(|(n, _)| n.as_str()).collect();
+        let done = evaluated
+            && names.contains(&"ctxproxyDown")
+            && alerts
+                .iter()
+                .any(|(n, l)| n == "ctxproxyHighErrorRate" && l["route"] == "passthrough");
+        outcome = (health, alerts);
+        if done {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    outcome
 }
 
 /// `promtool` accepts the shipped alert rules and Prometheus config.

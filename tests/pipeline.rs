@@ -257,7 +257,14 @@ async fn savings_are_counted_in_metrics() {
         sum_of(&metrics, "ctxproxy_tokens_saved_total", &[]),
         before - after
     );
-    assert!(metrics.contains("ctxproxy_pipeline_duration_seconds_count 1"));
+    assert_eq!(
+        sum_of(
+            &metrics,
+            "ctxproxy_pipeline_duration_seconds_count",
+            &[("tenant", "default")]
+        ),
+        1
+    );
 }
 
 /// Prefix stability across replicas: replica A serves a conversation request by request and

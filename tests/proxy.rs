@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, closed_port, proxy_for, start_mock, start_proxy, start_proxy_with_env};
+use common::{
+    client, closed_port, metric_sum, proxy_for, start_mock, start_proxy, start_proxy_with_env,
+};
 use ctxproxy::auth::hash_key;
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
 use futures_util::StreamExt;
@@ -621,12 +623,34 @@ async fn health_readiness_and_metrics() {
     for needle in [
         "ctxproxy_requests_total{route=\"chat_completions\",status=\"200\"} 3",
         "ctxproxy_requests_total{route=\"chat_completions\",status=\"400\"} 1",
-        "ctxproxy_request_duration_seconds_count{route=\"chat_completions\"} 4",
-        "ctxproxy_upstream_duration_seconds_count{upstream=\"default\"} 3",
         // The scrape itself is not an API request in flight.
         "ctxproxy_in_flight_requests 0",
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    // Latencies carry the tenant (and the model), for the dashboard's variables.
+    for (name, labels, count) in [
+        (
+            "ctxproxy_request_duration_seconds_count",
+            &[("route", "chat_completions"), ("tenant", "default")][..],
+            4.0,
+        ),
+        (
+            "ctxproxy_upstream_duration_seconds_count",
+            &[("upstream", "default"), ("tenant", "default")][..],
+            3.0,
+        ),
+        (
+            "ctxproxy_upstream_duration_seconds_count",
+            &[("upstream", "default"), ("model", "none")][..],
+            0.0,
+        ),
+    ] {
+        assert_eq!(
+            metric_sum(&text, name, labels),
+            count,
+            "{name} {labels:?}\n{text}"
+        );
     }
 }
 

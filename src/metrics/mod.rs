@@ -45,6 +45,10 @@ pub struct ModelLabels {
     names: Vec<String>,
 }
 
+/// The `model` or `tenant` label of a request that has none (a probe, a scrape, a request
+/// refused before authentication; the model of a request to the other `/v1/*` routes).
+pub const NO_LABEL: &str = "none";
+
 /// More models than this are labelled `other` (labels stay bounded whatever the config says).
 const MAX_MODEL_LABELS: usize = 50;
 
@@ -81,7 +85,9 @@ pub struct Metrics {
     registry: Registry,
     /// `route`: [`Route`].
     pub requests: IntCounterVec,
+    /// `route`: [`Route`], `model`, `tenant` ([`NO_LABEL`] where a request has none).
     pub request_duration: HistogramVec,
+    /// `upstream`, `model`, `tenant` (`model` is [`NO_LABEL`] for the other `/v1/*` routes).
     pub upstream_duration: HistogramVec,
     /// `kind`: [`UpstreamError`].
     pub upstream_errors: IntCounterVec,
@@ -95,7 +101,8 @@ pub struct Metrics {
     /// `stage`: [`crate::pipeline::StageName`].
     pub tokens_saved: IntCounterVec,
     pub tokens_saveable: IntCounterVec,
-    pub pipeline_duration: Histogram,
+    /// `model`, `tenant`.
+    pub pipeline_duration: HistogramVec,
     /// `outcome`: [`BudgetOutcome`].
     pub budget_outcomes: IntCounterVec,
     /// `phase`: [`ToolPhase`].
@@ -106,7 +113,8 @@ pub struct Metrics {
     pub cache_requests: IntCounterVec,
     /// `kind`: [`UsageKind`] (prompt, completion).
     pub cache_tokens_saved: IntCounterVec,
-    pub cache_lookup_duration: Histogram,
+    /// `cache`: [`CacheName`], `model`, `tenant`.
+    pub cache_lookup_duration: HistogramVec,
     /// `op`: [`StoreOp`].
     pub store_errors: IntCounterVec,
     pub store_up: IntGauge,
@@ -122,6 +130,9 @@ pub struct Metrics {
     pub cost_saved_usd: CounterVec,
     /// What rewrites cost more than the originals would have (a broken cached prefix).
     pub cost_added_usd: CounterVec,
+    /// What the upstream's answers cost, from their usage and `[prices]`: `model`, `tenant`.
+    pub cost_usd: CounterVec,
+    /// `upstream`, `model`, `tenant`.
     pub stream_first_byte: HistogramVec,
     /// `method`: [`Compaction`].
     pub compactions: IntCounterVec,
@@ -165,15 +176,15 @@ impl Metrics {
             )?,
             request_duration: r.histograms(
                 "ctxproxy_request_duration_seconds",
-                "Time from receiving a request to the end of its response body (streams included).",
+                "Time from receiving a request to the end of its response body (streams included), by route, model and tenant (\"none\" where the request has none: probes, scrapes, the other /v1/* routes' model).",
                 DURATION_BUCKETS,
-                &["route"],
+                &["route", "model", "tenant"],
             )?,
             upstream_duration: r.histograms(
                 "ctxproxy_upstream_duration_seconds",
-                "Time from sending a request upstream to the end of the upstream's response body.",
+                "Time from sending a request upstream to the end of the upstream's response body, by upstream, model and tenant (model \"none\" for the other /v1/* routes).",
                 DURATION_BUCKETS,
-                &["upstream"],
+                &["upstream", "model", "tenant"],
             )?,
             upstream_errors: r.counters(
                 "ctxproxy_upstream_errors_total",
@@ -216,10 +227,11 @@ impl Metrics {
                 "Prompt tokens each pipeline stage would have removed from requests forwarded unchanged in observe mode.",
                 &["stage", "model", "tenant"],
             )?,
-            pipeline_duration: r.histogram(
+            pipeline_duration: r.histograms(
                 "ctxproxy_pipeline_duration_seconds",
-                "Time spent rewriting a chat request (the proxy's own overhead on the request path).",
+                "Time spent rewriting a chat request (the proxy's own overhead on the request path), by model and tenant.",
                 PIPELINE_BUCKETS,
+                &["model", "tenant"],
             )?,
             budget_outcomes: r.counters(
                 "ctxproxy_budget_outcomes_total",
@@ -246,10 +258,11 @@ impl Metrics {
                 "Tokens not spent thanks to cache hits, from the stored usage: kind=prompt|completion.",
                 &["kind", "model", "tenant"],
             )?,
-            cache_lookup_duration: r.histogram(
+            cache_lookup_duration: r.histograms(
                 "ctxproxy_cache_lookup_duration_seconds",
-                "Time of one cache lookup in the store.",
+                "Time of one cache lookup in the store, by cache (deterministic, dedup), model and tenant.",
                 PIPELINE_BUCKETS,
+                &["cache", "model", "tenant"],
             )?,
             store_errors: r.counters(
                 "ctxproxy_store_errors_total",
@@ -290,11 +303,16 @@ impl Metrics {
                 "Estimated US dollars a rewrite cost more than the original would have (it broke a prefix the provider had cached); the pipeline's net saving is ctxproxy_cost_saved_usd_total{source=\"pipeline\"} minus this.",
                 &["model", "tenant"],
             )?,
+            cost_usd: r.dollars(
+                "ctxproxy_cost_usd_total",
+                "Estimated US dollars the upstream's chat answers cost, from their usage and [prices]: prompt tokens at the input price (those the provider cached at the cached price) plus completion tokens at the output price. Models without a price count nothing; cache hits cost nothing.",
+                &["model", "tenant"],
+            )?,
             stream_first_byte: r.histograms(
                 "ctxproxy_stream_first_byte_seconds",
-                "Streams: time from receiving the request to the first event from the upstream.",
+                "Streams: time from receiving the request to the first event from the upstream, by upstream, model and tenant.",
                 DURATION_BUCKETS,
-                &["upstream"],
+                &["upstream", "model", "tenant"],
             )?,
             compactions: r.counters(
                 "ctxproxy_compactions_total",
@@ -372,6 +390,7 @@ impl Metrics {
         }
         // Rare by design: exported at zero for the dashboard's net saving.
         self.cost_added_usd.with_label_values(&["other", "default"]);
+        self.cost_usd.with_label_values(&["other", "default"]);
         for method in Compaction::ALL {
             self.compactions.with_label_values(&[method.as_str()]);
         }
@@ -488,11 +507,11 @@ mod tests {
             .inc();
         metrics
             .request_duration
-            .with_label_values(&["healthz"])
+            .with_label_values(&["healthz", NO_LABEL, NO_LABEL])
             .observe(0.001);
         metrics
             .upstream_duration
-            .with_label_values(&["default"])
+            .with_label_values(&["default", NO_LABEL, "default"])
             .observe(0.001);
         metrics
             .upstream_errors

@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use super::report::{BudgetDetails, StageDetails, StageName, StageReport};
+use super::window::LEDGER_HEADING;
 use super::working_set::WorkingSet;
 use super::{Params, PipelineConfig};
 use crate::openai::{ChatRequest, Role};
@@ -45,8 +46,12 @@ pub struct Floor {
     pub system: usize,
     pub tools: usize,
     pub working_set: usize,
-    /// The summary section: the ledger and what summary lines are left.
+    /// The ledger's lines in the summary section: what `ledger_max_tokens` caps.
     pub ledger: usize,
+    /// The rest of the summary section: its headings and the summary lines of older turns left
+    /// (at most `max_segments` × `segment_max_tokens`). Not part of the floor: the budget's
+    /// steps cut these lines, but a request that appends to an earlier rewrite keeps them.
+    pub summary: usize,
     /// Everything else that was left (stubs, compacted results, older turns).
     pub history: usize,
 }
@@ -79,19 +84,27 @@ impl Floor {
             tools: counter.tools(request.tools.get().map_or(&[], Vec::as_slice)),
             working_set: 0,
             ledger: 0,
+            summary: 0,
             history: 0,
         };
         for (index, message) in request.messages.iter().enumerate() {
             let tokens = counter.message(message);
             if matches!(message.role, Role::System | Role::Developer) {
-                let summary = message
+                let (section, ledger) = message
                     .content
                     .get()
                     .map(|c| c.text())
-                    .and_then(|text| summary_section(&text).map(|s| counter.text(s)))
-                    .unwrap_or(0);
-                floor.ledger += summary.min(tokens);
-                floor.system += tokens.saturating_sub(summary);
+                    .and_then(|text| {
+                        let section = summary_section(&text)?;
+                        let ledger = ledger_lines(section).map_or(0, |l| counter.text(l));
+                        Some((counter.text(section), ledger))
+                    })
+                    .unwrap_or((0, 0));
+                let section = section.min(tokens);
+                let ledger = ledger.min(section);
+                floor.ledger += ledger;
+                floor.summary += section - ledger;
+                floor.system += tokens - section;
             } else if working_set.contains(index) {
                 floor.working_set += tokens;
             } else {
@@ -132,6 +145,12 @@ fn summary_section(text: &str) -> Option<&str> {
     let start = text.find("<conversation_summary>")?;
     let end = text[start..].find("</conversation_summary>")? + start;
     Some(&text[start..end + "</conversation_summary>".len()])
+}
+
+/// The ledger's lines (`- …` each) of a summary section, without its closing tag.
+fn ledger_lines(section: &str) -> Option<&str> {
+    let start = section.find(LEDGER_HEADING)? + LEDGER_HEADING.len();
+    section[start..].strip_suffix("</conversation_summary>")
 }
 
 /// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the

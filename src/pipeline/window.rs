@@ -151,7 +151,8 @@ impl Stage for WindowStage {
                 section.push('\n');
             }
             if !ledger.is_empty() {
-                section.push_str("Identifiers from those turns, word for word:\n- ");
+                section.push_str(LEDGER_HEADING);
+                section.push_str("- ");
                 section.push_str(&ledger.join("\n- "));
                 section.push('\n');
             }
@@ -189,6 +190,10 @@ impl Stage for WindowStage {
         }
     }
 }
+
+/// What introduces the ledger's lines in the summary section (the budget's floor counts the
+/// lines after it as the ledger).
+pub(super) const LEDGER_HEADING: &str = "Identifiers from those turns, word for word:\n";
 
 /// Seeds of the memo keys of ledgers and of each message's identifiers.
 const LEDGER_SEED: u64 = 0x6c65_6467_6572_0001;

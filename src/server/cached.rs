@@ -209,6 +209,7 @@ pub async fn dedup_look_up(
     state
         .metrics
         .cache_lookup_duration
+        .with_label_values(&[CacheName::Dedup.as_str(), &labels.model, &labels.tenant])
         .observe(started.elapsed().as_secs_f64());
     let Some(mut answer) = found else {
         count_dedup(state, LookupResult::Miss, labels);
@@ -280,6 +281,11 @@ pub async fn look_up(
     state
         .metrics
         .cache_lookup_duration
+        .with_label_values(&[
+            CacheName::Deterministic.as_str(),
+            &labels.model,
+            &labels.tenant,
+        ])
         .observe(started.elapsed().as_secs_f64());
     let Some(bytes) = entry else {
         count(state, LookupResult::Miss, labels);

@@ -1,5 +1,6 @@
 //! What the upstream says it spent: `usage` of every chat answer (JSON, or the usage event of a
-//! stream) counted per model and tenant, and the time to a stream's first event. Streams are
+//! stream) counted per model and tenant, priced with `[prices]` (what the answers cost), and the
+//! time to a stream's first event. Streams are
 //! asked for usage even when the client did not ask (`stream_options.include_usage`); that
 //! usage-only event is then left out of what the client receives. For a rewritten request, the
 //! usage also prices what the rewrite saved, with the provider's cached tokens counted.
@@ -41,6 +42,8 @@ pub struct Saving {
 pub struct ResponseMeter {
     state: SharedState,
     saving: Option<Saving>,
+    /// The model's `[prices]` entry, when it has one.
+    price: Option<ModelPrice>,
     labels: ChatLabels,
     upstream: String,
     streamed: bool,
@@ -67,6 +70,7 @@ impl ResponseMeter {
         ResponseMeter {
             state,
             saving: None,
+            price: None,
             labels,
             upstream: upstream.to_owned(),
             streamed,
@@ -76,6 +80,12 @@ impl ResponseMeter {
             sent_tokens: None,
             expanded: false,
         }
+    }
+
+    /// Prices the answer (`ctxproxy_cost_usd_total`) when its usage arrives.
+    pub fn with_price(mut self, price: Option<ModelPrice>) -> ResponseMeter {
+        self.price = price;
+        self
     }
 
     /// Prices the rewrite's saving when the usage arrives.
@@ -114,6 +124,17 @@ impl ResponseMeter {
                 .prompt_tokens
                 .with_label_values(&[TokenPhase::Reasked.as_str(), model, tenant])
                 .inc_by(reasked);
+        }
+        if let Some(price) = &self.price {
+            let prompt = Prompt {
+                tokens: usize::try_from(usage.prompt_tokens).unwrap_or(usize::MAX),
+                cached: usize::try_from(cached).unwrap_or(usize::MAX),
+            };
+            let usd = prompt.usd(price) + usage.completion_tokens as f64 * price.output / 1e6;
+            metrics
+                .cost_usd
+                .with_label_values(&[model, tenant])
+                .inc_by(usd);
         }
         let tokens = &metrics.usage_tokens;
         for (kind, n) in [
@@ -173,7 +194,11 @@ impl BodyObserver for ResponseMeter {
             self.state
                 .metrics
                 .stream_first_byte
-                .with_label_values(&[self.upstream.as_str()])
+                .with_label_values(&[
+                    self.upstream.as_str(),
+                    &self.labels.model,
+                    &self.labels.tenant,
+                ])
                 .observe(received.elapsed().as_secs_f64());
         }
         if memmem::find(data, EXPANDED_COMMENT.as_bytes()).is_some() {

@@ -14,7 +14,7 @@ use super::{SharedState, read_body};
 use crate::auth::{Tenant, authenticate};
 use crate::body::{BodyEnd, ObservedBody, StreamFault};
 use crate::error::ProxyError;
-use crate::metrics::Route;
+use crate::metrics::{ChatLabels, NO_LABEL, Route};
 
 pub const X_REQUEST_ID: &str = "x-request-id";
 
@@ -68,6 +68,10 @@ pub async fn observe(
     };
     exchange.responded(response.status());
     exchange.fault = response.extensions().get::<StreamFault>().cloned();
+    exchange.model = response
+        .extensions()
+        .get::<ChatLabels>()
+        .map(|labels| labels.model.clone());
     response.headers_mut().insert(X_REQUEST_ID, request_id);
     let (parts, body) = response.into_parts();
     let body = ObservedBody::new(body, None, move |end: BodyEnd| {
@@ -89,6 +93,8 @@ struct Exchange {
     request_id: HeaderValue,
     started: Instant,
     tenant: Option<Tenant>,
+    /// The model label of a chat request that was parsed.
+    model: Option<String>,
     permit: Option<OwnedSemaphorePermit>,
     /// Set once the response headers exist (and counted then).
     status: Option<StatusCode>,
@@ -110,6 +116,7 @@ impl Exchange {
             request_id: id,
             started: Instant::now(),
             tenant: None,
+            model: None,
             permit: None,
             status: None,
             end: None,
@@ -150,7 +157,11 @@ impl Drop for Exchange {
         self.state
             .metrics
             .request_duration
-            .with_label_values(&[self.route.as_str()])
+            .with_label_values(&[
+                self.route.as_str(),
+                self.model.as_deref().unwrap_or(NO_LABEL),
+                self.tenant.as_ref().map_or(NO_LABEL, Tenant::as_str),
+            ])
             .observe(elapsed.as_secs_f64());
         if matches!(self.route, Route::Healthz | Route::Readyz | Route::Metrics) {
             return;

@@ -15,11 +15,12 @@ use serde::Deserialize;
 use super::{RequestContext, SharedState, content_length, read_body};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::metrics::{ChatLabels, NO_LABEL};
 use crate::upstream::{OutgoingBody, apply_upstream_auth, end_to_end};
 
 pub async fn forward(
     State(state): State<SharedState>,
-    Extension(_context): Extension<RequestContext>,
+    Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, body) = request.into_parts();
@@ -78,7 +79,11 @@ pub async fn forward(
             ProxyError::BodyTooLarge { .. } => ProxyError::BodyTooLarge { limit },
             other => other,
         })?;
-    Ok(upstream.relay(answer, &state.metrics, None))
+    let labels = ChatLabels {
+        model: NO_LABEL.to_owned(),
+        tenant: context.tenant.as_str().to_owned(),
+    };
+    Ok(upstream.relay(answer, &state.metrics, &labels, None))
 }
 
 /// `GET /v1/models` without a default upstream: the models the routes name (exact names; a

@@ -25,7 +25,7 @@ use crate::body::{
 };
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::metrics::{Metrics, UpstreamError};
+use crate::metrics::{ChatLabels, Metrics, UpstreamError};
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::Definitions;
 
@@ -362,6 +362,7 @@ impl Upstream {
         &self,
         answer: UpstreamResponse,
         metrics: &Metrics,
+        labels: &ChatLabels,
         chat: Option<ChatRelay>,
     ) -> Response<Body> {
         let UpstreamResponse {
@@ -373,9 +374,11 @@ impl Upstream {
         parts.headers = end_to_end(&parts.headers);
         let is_sse = is_event_stream(&parts.headers);
         let checked = is_sse && chat.is_some() && parts.status.is_success();
-        let duration = metrics
-            .upstream_duration
-            .with_label_values(&[self.config.name.as_str()]);
+        let duration = metrics.upstream_duration.with_label_values(&[
+            self.config.name.as_str(),
+            &labels.model,
+            &labels.tenant,
+        ]);
         let errors = metrics.upstream_errors.clone();
         let name = self.config.name.clone();
         let observed = ObservedBody::new(body, Some(deadline), move |end| {

@@ -14,7 +14,7 @@ use super::call_log::{CallLog, TokenCounts};
 use crate::bill::{Prompt, cached_of};
 use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
-use crate::metrics::BudgetOutcome;
+use crate::metrics::{BudgetOutcome, ChatLabels};
 use crate::openai::ChatRequest;
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
@@ -51,6 +51,8 @@ pub struct ChatCall<'a> {
     /// The conversation (mode `observe` or `optimize`): its prefix state, and its sticky tool
     /// categories when [`ChatCall::uses_tool_state`].
     pub conversation: Option<String>,
+    /// Its `model` and `tenant` metric labels.
+    pub labels: ChatLabels,
 }
 
 /// What goes upstream after the rewrite phase.
@@ -100,6 +102,10 @@ impl<'a> ChatCall<'a> {
         let scope = scope::of(&state.config, &context.tenant, &parts);
         let conversation =
             (mode != Mode::Off).then(|| conversation_id(&scope, &parts.headers, &chat));
+        let labels = ChatLabels {
+            model: state.model_labels.label(&chat.model).to_owned(),
+            tenant: context.tenant.as_str().to_owned(),
+        };
         Ok(ChatCall {
             state,
             parts,
@@ -109,6 +115,7 @@ impl<'a> ChatCall<'a> {
             mode,
             scope,
             conversation,
+            labels,
         })
     }
 
@@ -248,6 +255,7 @@ impl<'a> ChatCall<'a> {
         state
             .metrics
             .pipeline_duration
+            .with_label_values(&[&self.labels.model, &self.labels.tenant])
             .observe(started.elapsed().as_secs_f64());
         Ok(Pipelined {
             rewrite,

@@ -97,7 +97,7 @@ impl CallLog {
 
     /// The body parsed, and was routed.
     pub fn parsed(&mut self, call: &ChatCall<'_>) {
-        self.labels.model = call.state.model_labels.label(&call.chat.model).to_owned();
+        self.labels = call.labels.clone();
         if let Some(exchange) = &mut self.record {
             exchange.request_is_json = true;
             exchange.model = Some(call.chat.model.clone());
@@ -164,6 +164,8 @@ impl CallLog {
             counts.set_headers(headers);
         }
         let cache = self.cache_label();
+        // For the request's duration (`middleware`).
+        response.extensions_mut().insert(self.labels.clone());
         state
             .metrics
             .chat_requests

@@ -348,6 +348,7 @@ impl ChatCall<'_> {
                     log.received,
                 )
                 .with_saving(saving)
+                .with_price(state.config.price_of(&self.chat.model))
                 .with_sent(sent_tokens, expanded),
             ));
             let tool_state = self.uses_tool_state();
@@ -374,6 +375,7 @@ impl ChatCall<'_> {
             drop_event: strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool),
             usage_asked,
         };
-        self.upstream.relay(answer, &state.metrics, Some(chat))
+        self.upstream
+            .relay(answer, &state.metrics, &log.labels, Some(chat))
     }
 }
