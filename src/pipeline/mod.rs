@@ -356,6 +356,7 @@ fn offers_recall(reports: &[StageReport], config: &PipelineConfig) -> bool {
     }
     reports.iter().any(|r| match &r.details {
         StageDetails::Compact(details) => !details.handles.is_empty(),
+        StageDetails::Tools(_) => r.applied,
         _ => false,
     })
 }
