@@ -425,8 +425,10 @@ proptest! {
     fn the_summary_ledger_grows_by_appending(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = pipeline::Memo::default();
-        let mut config = PipelineConfig::default();
-        config.clear_at_least_tokens = 0;
+        let mut config = PipelineConfig {
+            clear_at_least_tokens: 0,
+            ..PipelineConfig::default()
+        };
         config.window.ledger_max_tokens = 1_000_000;
         let env = env(&config, &counter, &memo, budget);
         let ledgers: Vec<Vec<String>> = earlier_requests(&request)
