@@ -10,6 +10,7 @@ mod common;
 
 use common::{Mock, Proxy, client, proxy_for, start_mock};
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use ctxproxy::pipeline::recall;
 use ctxproxy::pipeline::tools::inline;
 use serde_json::{Value, json};
 
@@ -124,7 +125,9 @@ async fn a_json_answer_that_calls_a_stub_is_asked_again_with_the_tool_in_full() 
     // What goes upstream: every tool as a stub.
     let explained = proxy.explain(&request(false), &[]).await;
     let sent = &explained["request"]["tools"];
-    assert_eq!(sent.as_array().unwrap().len(), 3);
+    // And the proxy's recall tool, last (the block is decided).
+    assert_eq!(sent.as_array().unwrap().len(), 4);
+    assert_eq!(sent[3]["function"]["name"], recall::TOOL_NAME);
     assert_eq!(
         sent[0]["function"],
         json!({"name": "get_weather", "description": "Weather forecast for a city.",
@@ -248,7 +251,10 @@ async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full
     assert_eq!(all_full, 1.0);
     // The answer is the re-ask's, which offered every tool in full (the mock echoes it).
     let answer: Value = response.json().await.unwrap();
-    assert_eq!(answer["mock_echo"]["body"]["tools"], tools());
+    let mut reasked = answer["mock_echo"]["body"]["tools"].clone();
+    let recall_tool = reasked.as_array_mut().unwrap().pop().unwrap();
+    assert_eq!(recall_tool["function"]["name"], recall::TOOL_NAME);
+    assert_eq!(reasked, tools());
 }
 
 #[tokio::test]
@@ -607,6 +613,7 @@ async fn a_streamed_call_of_a_full_tool_goes_out_before_the_answer_ends() {
             t["function"]["parameters"]["properties"]
                 .as_object()
                 .is_some_and(|p| !p.is_empty())
+                && t["function"]["name"] != recall::TOOL_NAME
         })
         .filter_map(|t| t["function"]["name"].as_str())
         .collect();

@@ -326,8 +326,9 @@ async fn a_claim_without_a_tool_call_is_flagged_and_repaired_on_demand() {
     // With retry, the model is asked once more (the note carries the mock's tool-call marker).
     let repairing = proxy_for(
         &mock,
-        // Its one small tool is filtered (min_tool_tokens = 0), as a large block would be.
-        "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n[action_check]\nenabled = true\nretry = true\nretry_note = \"No tool was called. Call it now. [mock:tool_call]\"\n",
+        // Its one small tool is filtered (min_tool_tokens = 0), as a large block would be; the
+        // recall tool (40 tokens) would outweigh what filtering one tool saves.
+        "[pipeline.compact]\nrecall = false\n[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n[action_check]\nenabled = true\nretry = true\nretry_note = \"No tool was called. Call it now. [mock:tool_call]\"\n",
     )
     .await;
     let before = chat_count(&mock);

@@ -421,3 +421,53 @@ proptest! {
         prop_assert!(kept.iter().filter(|n| **n != recall::TOOL_NAME).all(|name| request.tool_names().contains(name)));
     }
 }
+
+/// The ledger lines of a rewrite's `<conversation_summary>` section.
+fn ledger_lines(request: &ChatRequest) -> Vec<String> {
+    let system = request
+        .messages
+        .first()
+        .and_then(|m| m.content.get())
+        .map(|c| c.text().into_owned())
+        .unwrap_or_default();
+    let Some(start) = system.find("<conversation_summary>\n") else {
+        return Vec::new();
+    };
+    system[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("</conversation_summary>"))
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(str::to_owned)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Prefix stability of the summary: rewritten whole at every request of a conversation, at
+    /// any budget, two consecutive requests' ledgers agree line for line on what they both
+    /// summarize; only the last summarized turn's answer (at most its text or its calls, the last
+    /// lines) may be left out while it is kept verbatim. With no cap, the ledger never folds.
+    #[test]
+    fn the_summary_ledger_grows_by_appending(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = pipeline::Memo::default();
+        let mut config = PipelineConfig {
+            clear_at_least_tokens: 0,
+            ..PipelineConfig::default()
+        };
+        config.window.ledger_max_tokens = 1_000_000;
+        let env = env(&config, &counter, &memo, budget);
+        let ledgers: Vec<Vec<String>> = earlier_requests(&request)
+            .iter()
+            .map(|earlier| ledger_lines(&pipeline::run(earlier, &env).request))
+            .collect();
+        for pair in ledgers.windows(2) {
+            let (before, after) = (&pair[0], &pair[1]);
+            let common = before.iter().zip(after).take_while(|(a, b)| a == b).count();
+            let shorter = before.len().min(after.len());
+            prop_assert!(common + 4 >= shorter, "{:#?}\n---\n{:#?}", before, after);
+        }
+    }
+}

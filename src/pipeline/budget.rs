@@ -11,7 +11,7 @@
 use serde::Serialize;
 
 use super::report::{BudgetDetails, StageDetails, StageName, StageReport};
-use super::window::LEDGER_HEADING;
+use super::window::section::{LEDGER_HEADER, LINES_HEADER};
 use super::working_set::WorkingSet;
 use super::{Params, PipelineConfig};
 use crate::openai::{ChatRequest, Role};
@@ -147,10 +147,15 @@ fn summary_section(text: &str) -> Option<&str> {
     Some(&text[start..end + "</conversation_summary>".len()])
 }
 
-/// The ledger's lines (`- …` each) of a summary section, without its closing tag.
+/// The ledger's lines (`- …` each) of a summary section, without the summary lines or the
+/// closing tag after them.
 fn ledger_lines(section: &str) -> Option<&str> {
-    let start = section.find(LEDGER_HEADING)? + LEDGER_HEADING.len();
-    section[start..].strip_suffix("</conversation_summary>")
+    let start = section.find(LEDGER_HEADER)? + LEDGER_HEADER.len();
+    let rest = section[start..].trim_start_matches('\n');
+    let end = rest
+        .find(LINES_HEADER)
+        .or_else(|| rest.find("</conversation_summary>"))?;
+    Some(&rest[..end])
 }
 
 /// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the

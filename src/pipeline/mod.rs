@@ -149,7 +149,20 @@ fn stages() -> [&'static dyn Stage; 4] {
 /// invalidates, else the conversation's last rewrite with the new messages appended
 /// (`prefix.rs`).
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    prefix::run(request, env)
+    // The recall tool is the proxy's, allowed beside the budget: offering it never makes the
+    // stages cut more of the client's context. The report says the client's budget; what is
+    // over it is counted past the allowance.
+    let allowance = recall::allowance(request, env.config, env.counter);
+    if allowance == 0 {
+        return prefix::run(request, env);
+    }
+    let widened = Env {
+        budget: env.budget + allowance,
+        ..*env
+    };
+    let mut rewrite = prefix::run(request, &widened);
+    rewrite.report.budget = env.budget;
+    rewrite
 }
 
 /// Runs every enabled stage, then holds the result to `env.budget` tokens.
@@ -338,9 +351,20 @@ fn run_stages_into<'a>(
         if recall::can_offer(&current, client_tools) {
             let mut owned = current.into_owned();
             recall::offer(&mut owned);
-            let after_tools = tool_tokens(&owned);
-            if let Some(last) = reports.last_mut() {
-                last.tokens_after += after_tools.saturating_sub(tools);
+            let added = tool_tokens(&owned).saturating_sub(tools);
+            // Counted by the stage that made it offered: the one that decided the block, or
+            // the compaction that named a handle; the stages after it carry it.
+            let by = reports
+                .iter()
+                .position(|r| r.stage == StageName::Tools && r.applied)
+                .or_else(|| reports.iter().position(|r| r.stage == StageName::Compact));
+            if let Some(by) = by {
+                for (i, report) in reports.iter_mut().enumerate().skip(by) {
+                    if i > by {
+                        report.tokens_before += added;
+                    }
+                    report.tokens_after += added;
+                }
             }
             current = Cow::Owned(owned);
         }

@@ -760,6 +760,7 @@ mod tests {
         config.tools.min_tool_tokens = 0;
         config.tools.min_stub_tokens = 0;
         config.tools.left_out = crate::pipeline::config::LeftOut::Remove;
+        config.compact.recall = false;
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = Memo::default();
         let request: ChatRequest = serde_json::from_value(serde_json::json!({

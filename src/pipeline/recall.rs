@@ -13,8 +13,9 @@ use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
-use super::PrefixReport;
+use super::{PipelineConfig, PrefixReport};
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool, ToolCall};
+use crate::tokens::TokenCounter;
 
 /// The recall tool's name.
 pub const TOOL_NAME: &str = "ctxproxy_recall";
@@ -25,7 +26,7 @@ const HANDLE_SEED: u64 = 0x7265_6361_6c6c_0001;
 /// The recall tool, as it is offered: one definition, byte-stable.
 static TOOL: LazyLock<Option<Tool>> = LazyLock::new(|| {
     serde_json::from_str(
-        r#"{"type":"function","function":{"name":"ctxproxy_recall","description":"The whole original of a shortened tool result, by the handle its note names (recall rc-…).","parameters":{"type":"object","properties":{"handle":{"type":"string"}},"required":["handle"]}}}"#,
+        r#"{"type":"function","function":{"name":"ctxproxy_recall","description":"Whole original of a shortened tool result, by its handle (rc-…).","parameters":{"type":"object","properties":{"handle":{"type":"string"}}}}}"#,
     )
     .ok()
 });
@@ -44,6 +45,19 @@ pub fn cut_note(handle: &str) -> String {
 /// The request offers the recall tool: it sends tools, and none of the client's has its name.
 pub fn can_offer(request: &ChatRequest, client_tools: &[Tool]) -> bool {
     request.tools.get().is_some_and(|t| !t.is_empty()) && !names_recall(client_tools)
+}
+
+/// The tokens the recall tool takes when `request` (the client's) may be offered it: what the
+/// budget allows beside the client's context.
+pub fn allowance(request: &ChatRequest, config: &PipelineConfig, counter: &TokenCounter) -> usize {
+    let client_tools = request.tools.get().map_or(&[][..], Vec::as_slice);
+    let enabled = config.compact.enabled && config.compact.recall;
+    match TOOL.as_ref() {
+        Some(tool) if enabled && can_offer(request, client_tools) => {
+            counter.tools(std::slice::from_ref(tool))
+        }
+        _ => 0,
+    }
 }
 
 /// `request` with the recall tool last in its block (once).
@@ -381,7 +395,10 @@ mod tests {
             whole_tokens: None,
             previous_tokens: None,
         };
-        assert_eq!(replay(&mut sent, &next, Some(&prefix), std::slice::from_ref(&mark)), 2);
+        assert_eq!(
+            replay(&mut sent, &next, Some(&prefix), std::slice::from_ref(&mark)),
+            2
+        );
         assert_eq!(sent[..5], reasked[..]);
         assert_eq!(sent[5..], next[3..]);
         // Rebuilt past the mark: not put back.

@@ -140,6 +140,9 @@ pub struct WindowSummary {
     pub segments: usize,
     pub segments_kept: usize,
     pub ledger_lines: usize,
+    /// How many times the summary section was rebuilt as the conversation grew (it is
+    /// otherwise appended to: `window/section.rs`).
+    pub folds: usize,
     pub answered_kept: bool,
     pub facts: usize,
 }

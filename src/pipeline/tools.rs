@@ -781,6 +781,8 @@ mod tests {
         config.tools.min_score = 1.0;
         config.tools.left_out = LeftOut::Remove;
         config.tools.on_no_match = OnNoMatch::DropAll;
+        // The recall tool is the proxy's, not the classifier's (tests in `recall.rs`).
+        config.compact.recall = false;
         configure(&mut config);
         let sticky: Vec<String> = sticky.iter().map(|s| (*s).to_owned()).collect();
         let rewrite = run(

@@ -9,23 +9,19 @@
 //!
 //! It never removes the working set: the assistant message the last user message answers stays
 //! even when its turn is summarized. What the summarized turns held goes to the ledger, word
-//! for word (`ledger.rs`).
+//! for word (`ledger.rs`), in a section that grows by appending (`section.rs`).
 
 mod facts;
 mod ledger;
+pub(super) mod section;
 mod summary;
 mod turns;
-
-use std::hash::{BuildHasher, Hash, Hasher};
-
-use foldhash::quality::FixedState;
 
 use super::report::{StageDetails, StageName, WindowDetails, WindowSummary, WindowTarget};
 use super::system::add_section;
 use super::working_set::WorkingSet;
 use super::{Stage, StageCx, StageOutput};
-use crate::openai::{ChatRequest, Message, Role};
-use crate::tokens::hash_message;
+use crate::openai::{ChatRequest, Message};
 use turns::{Turn, split_turns};
 
 pub struct WindowStage;
@@ -53,7 +49,6 @@ impl Stage for WindowStage {
         }
         let (older, window) = turns.split_at(plan.start);
         let segments = summary::count(older, cx);
-        let kept = summary::latest(older, cx.params.max_segments, cx);
         let facts = if cx.config.facts.enabled {
             let current = turns.last().map(Turn::user_text).unwrap_or_default();
             facts::section(older, &current, cx)
@@ -75,89 +70,9 @@ impl Stage for WindowStage {
         messages.extend(request.messages[answered.clone()].iter().cloned());
         messages.extend(window.iter().flat_map(|t| t.messages.iter().cloned()));
 
-        let removed: Vec<(usize, &Message)> = older
-            .iter()
-            .flat_map(|t| {
-                t.messages
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, m)| (t.start + i, m))
-            })
-            .filter(|(i, m)| {
-                !answered.contains(i) && !matches!(m.role, Role::System | Role::Developer)
-            })
-            .collect();
-        let ledger = if cx.config.window.ledger_max_tokens > 0 {
-            // Depends only on what comes before the window (so it stays byte for byte the same
-            // until the window moves: prefix stability, and computed once), the answered
-            // message kept, the cap and the encoding.
-            let before_window = &request.messages[..window_start];
-            let key = ledger_key(before_window, &answered, cx);
-            let text = cx.memo.text(key, || {
-                let views = ledger::Views::new(cx.memo);
-                let ids = |m: &Message| {
-                    let mut hasher = FixedState::with_seed(IDENTIFIERS_SEED).build_hasher();
-                    hash_message(m, &mut hasher);
-                    cx.memo
-                        .identifiers(hasher.finish(), || views.message_ids(m))
-                };
-                // Shown before the window: the instructions and the answered message.
-                let kept_ids: Vec<_> = before_window
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, m)| {
-                        answered.contains(i) || matches!(m.role, Role::System | Role::Developer)
-                    })
-                    .map(|(_, m)| ids(m))
-                    .collect();
-                let shown: ledger::Shown<'_> = kept_ids
-                    .iter()
-                    .flat_map(|ids| ids.iter().map(String::as_str))
-                    .collect();
-                let all_ids: Vec<_> = before_window.iter().map(ids).collect();
-                let mut mentions = ledger::Mentions::with_capacity_and_hasher(
-                    all_ids.iter().map(|ids| ids.len()).sum(),
-                    Default::default(),
-                );
-                for (position, ids) in all_ids.iter().enumerate() {
-                    for id in ids.iter() {
-                        mentions.insert(id.as_str(), position);
-                    }
-                }
-                ledger::lines(
-                    &removed,
-                    &shown,
-                    &mentions,
-                    cx.config.window.ledger_max_tokens,
-                    cx.counter,
-                    cx.memo,
-                )
-                .join("\n- ")
-            });
-            if text.is_empty() {
-                Vec::new()
-            } else {
-                vec![text]
-            }
-        } else {
-            Vec::new()
-        };
-        if !kept.is_empty() || !ledger.is_empty() {
-            let mut section = String::from("<conversation_summary>\n");
-            if !kept.is_empty() {
-                let lines: Vec<&str> = kept.iter().map(|s| &*s.line).collect();
-                section.push_str("Earlier turns, oldest first:\n");
-                section.push_str(&lines.join("\n"));
-                section.push('\n');
-            }
-            if !ledger.is_empty() {
-                section.push_str(LEDGER_HEADING);
-                section.push_str("- ");
-                section.push_str(&ledger.join("\n- "));
-                section.push('\n');
-            }
-            section.push_str("</conversation_summary>");
-            add_section(&mut messages, &section);
+        let section = section::build(head, older, !answered.is_empty(), cx);
+        if !section.text.is_empty() {
+            add_section(&mut messages, &section.text);
         }
         if !facts.lines.is_empty() {
             add_section(
@@ -177,8 +92,9 @@ impl Stage for WindowStage {
             summary: Some(WindowSummary {
                 summarized_turns: older.len(),
                 segments,
-                segments_kept: kept.len(),
-                ledger_lines: ledger.first().map_or(0, |l| l.lines().count()),
+                segments_kept: section.segment_lines,
+                ledger_lines: section.ledger_lines,
+                folds: section.folds,
                 answered_kept: !answered.is_empty(),
                 facts: facts.lines.len(),
             }),
@@ -189,27 +105,6 @@ impl Stage for WindowStage {
             details,
         }
     }
-}
-
-/// What introduces the ledger's lines in the summary section (the budget's floor counts the
-/// lines after it as the ledger).
-pub(super) const LEDGER_HEADING: &str = "Identifiers from those turns, word for word:\n";
-
-/// Seeds of the memo keys of ledgers and of each message's identifiers.
-const LEDGER_SEED: u64 = 0x6c65_6467_6572_0001;
-const IDENTIFIERS_SEED: u64 = 0x6964_656e_7469_0001;
-
-/// Everything a ledger depends on: the messages before the window, the answered message kept,
-/// the cap and the encoding.
-fn ledger_key(messages: &[Message], answered: &std::ops::Range<usize>, cx: &StageCx<'_>) -> u64 {
-    let mut hasher = FixedState::with_seed(LEDGER_SEED).build_hasher();
-    cx.counter.encoding().hash(&mut hasher);
-    (answered.start, answered.end).hash(&mut hasher);
-    (cx.config.window.ledger_max_tokens, messages.len()).hash(&mut hasher);
-    for message in messages {
-        hash_message(message, &mut hasher);
-    }
-    hasher.finish()
 }
 
 struct Plan {

@@ -3,9 +3,10 @@
 //! call and its result, a user message or an assistant message, with their labels:
 //! `get_order_details(order_id: #W1) → status: pending, items: [item_id: 6117189161, price: 481.5]`.
 //!
-//! The ledger is built from the turns before the window only, so it stays the same until the
-//! window moves. A value the instructions or the answered message show is not repeated, and a
-//! value is said once, on the line mentioned latest. What an assistant's code blocks name
+//! `lines` renders the messages it is given (one summarized turn's, or all of them when the
+//! section folds: `section.rs`, which keeps earlier lines byte for byte). A value the caller
+//! says is shown (by the instructions or by earlier lines) is not repeated, and within one call
+//! a value is said once, on the line mentioned latest. What an assistant's code blocks name
 //! (variables, ports, image tags, paths) counts like its prose; its acronyms (`API`, `SQL`)
 //! are terms, not references, and stay out. Within
 //! `ledger_max_tokens`, the groups whose values were mentioned latest (being referred to again
