@@ -107,7 +107,9 @@ fn an_autonomous_loop_keeps_its_latest_steps_and_the_ids_of_the_older_ones() {
         );
         if budget < 4_000 {
             let over = rewrite.report.over_budget.expect("the floor is over");
-            assert_eq!(over.tokens_over, rewrite.report.tokens_after - budget);
+            // Counted past the recall tool's allowance beside the budget.
+            let allowance = rewrite.report.tokens_after - budget - over.tokens_over;
+            assert!(allowance <= 64, "budget {budget}: {allowance}");
             // The system prompt and the two tools are small: the working set and the stubs
             // are what is over, unless the budget is tinier than the prompt itself.
             if budget >= 500 {
