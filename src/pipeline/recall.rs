@@ -5,6 +5,7 @@
 //! client never sees the call. The original never leaves the request it came in, so a handle
 //! is scoped to its tenant and conversation by construction, and no store holds it.
 
+use std::borrow::Cow;
 use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
@@ -111,25 +112,28 @@ pub fn handles_in(text: &str) -> impl Iterator<Item = &str> {
 
 /// The originals that `sent` (a rewrite) names by handle, from the client's `messages`.
 pub fn originals(sent: &[Message], messages: &[Message]) -> Vec<(String, String)> {
-    let texts = |ms: &[Message]| -> Vec<String> {
-        ms.iter()
-            .filter(|m| matches!(m.role, Role::Tool | Role::Function))
-            .filter_map(|m| m.content.get().map(|c| c.text().into_owned()))
-            .collect()
-    };
-    let named: std::collections::HashSet<String> = texts(sent)
-        .iter()
-        .flat_map(|t| handles_in(t).map(str::to_owned).collect::<Vec<_>>())
-        .collect();
+    let sent = result_texts(sent);
+    let named: std::collections::HashSet<&str> = sent.iter().flat_map(|t| handles_in(t)).collect();
     if named.is_empty() {
         return Vec::new();
     }
-    texts(messages)
+    result_texts(messages)
         .into_iter()
         .filter_map(|text| {
             let handle = handle_of(&text);
-            named.contains(&handle).then_some((handle, text))
+            named
+                .contains(handle.as_str())
+                .then(|| (handle, text.into_owned()))
         })
+        .collect()
+}
+
+/// The texts of the tool results among `messages`.
+fn result_texts(messages: &[Message]) -> Vec<Cow<'_, str>> {
+    messages
+        .iter()
+        .filter(|m| matches!(m.role, Role::Tool | Role::Function))
+        .filter_map(|m| m.content.get().map(|c| c.text()))
         .collect()
 }
 
@@ -152,22 +156,23 @@ pub struct Recalled {
 }
 
 /// Answers each recall call with the original `find` gives for its handle.
-pub fn answer<'a>(calls: Vec<ToolCall>, find: impl Fn(&str) -> Option<&'a str>) -> Vec<Recalled> {
+pub fn answer(calls: Vec<ToolCall>, find: impl Fn(&str) -> Option<String>) -> Vec<Recalled> {
     calls
         .into_iter()
         .map(|call| {
             let handle = asked_handle(&call.function.arguments);
             let found = handle.as_deref().and_then(&find);
-            let text = match (&handle, found) {
-                (_, Some(text)) => text.to_owned(),
-                (Some(h), None) => unknown(h),
-                (None, None) => format!("{TOOL_NAME} needs the handle a shortened result names."),
-            };
             Recalled {
-                call,
                 found: found.is_some(),
+                text: match (&handle, found) {
+                    (_, Some(text)) => text,
+                    (Some(h), None) => unknown(h),
+                    (None, None) => {
+                        format!("{TOOL_NAME} needs the handle a shortened result names.")
+                    }
+                },
+                call,
                 handle,
-                text,
             }
         })
         .collect()
@@ -184,12 +189,17 @@ pub fn appended(request: &ChatRequest, recalled: &[Recalled]) -> ChatRequest {
 /// The assistant message that calls, and the tool messages that answer.
 pub fn pair(recalled: &[Recalled]) -> Vec<Message> {
     let mut messages = vec![Mark::of(0, recalled).call];
-    for r in recalled {
+    messages.extend(results(recalled));
+    messages
+}
+
+/// One tool message per answered call.
+fn results(recalled: &[Recalled]) -> impl Iterator<Item = Message> + '_ {
+    recalled.iter().map(|r| {
         let mut result = Message::text(Role::Tool, r.text.clone());
         result.tool_call_id = Nullable::Value(r.call.id.clone());
-        messages.push(result);
-    }
-    messages
+        result
+    })
 }
 
 /// Where a recall was answered in a conversation: after the client's first `at` messages, the
@@ -233,38 +243,25 @@ pub fn replay(
         .collect();
     marks.sort_by_key(|m| m.at);
     for mark in marks {
-        let find = |h: &str| -> Option<String> { original(client, h) };
-        let calls = mark.call.tool_calls().to_vec();
-        let answers: Vec<Message> = calls
-            .iter()
-            .map(|call| {
-                let text = match asked_handle(&call.function.arguments) {
-                    Some(h) => find(&h).unwrap_or_else(|| unknown(&h)),
-                    None => format!("{TOOL_NAME} needs the handle a shortened result names."),
-                };
-                let mut result = Message::text(Role::Tool, text);
-                result.tool_call_id = Nullable::Value(call.id.clone());
-                result
-            })
-            .collect();
+        // The call as it was sent; its answers read again from the client's messages.
+        let recalled = answer(mark.call.tool_calls().to_vec(), |h| original(client, h));
         // Counted from the end: what follows the mark is the client's messages since.
         let at = sent.len() - (n - mark.at);
-        let pair = std::iter::once(mark.call.clone()).chain(answers);
-        let count = 1 + calls.len();
+        let pair: Vec<Message> = std::iter::once(mark.call.clone())
+            .chain(results(&recalled))
+            .collect();
+        inserted += pair.len();
         sent.splice(at..at, pair);
-        inserted += count;
     }
     inserted
 }
 
 /// The original text of the tool result whose handle is `handle`, among `messages`.
 fn original(messages: &[Message], handle: &str) -> Option<String> {
-    messages
-        .iter()
-        .filter(|m| matches!(m.role, Role::Tool | Role::Function))
-        .filter_map(|m| m.content.get().map(|c| c.text()))
+    result_texts(messages)
+        .into_iter()
         .find(|text| handle_of(text) == handle)
-        .map(|text| text.into_owned())
+        .map(Cow::into_owned)
 }
 
 #[cfg(test)]
@@ -329,7 +326,7 @@ mod tests {
             originals
                 .iter()
                 .find(|(k, _)| k == h)
-                .map(|(_, t)| t.as_str())
+                .map(|(_, t)| t.clone())
         };
         let recalled = answer(
             vec![
@@ -366,7 +363,7 @@ mod tests {
             Message::text(Role::User, "and?"),
         ];
         let recalled = answer(vec![call(&format!("{{\"handle\": \"{handle}\"}}"))], |_| {
-            Some(original)
+            Some(original.to_owned())
         });
         // The re-ask was the first three messages, and the pair after them.
         let mark = Mark::of(3, &recalled);

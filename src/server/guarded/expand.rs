@@ -167,7 +167,7 @@ impl ExpandCall {
             originals
                 .iter()
                 .find(|(handle, _)| handle == h)
-                .map(|(_, text)| text.as_str())
+                .map(|(_, text)| text.clone())
         };
         let answered = recall::answer(calls, find);
         let metrics = &self.state.metrics;
