@@ -364,7 +364,7 @@ impl Fidelity {
                 .over_budget_by_part
                 .entry(part_name(over.part))
                 .or_default() += 1;
-        } else if !report.fits {
+        } else if report.over_its_budget() {
             self.over_budget += 1;
         }
         let Some(answer) = answer else { return };

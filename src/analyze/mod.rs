@@ -219,7 +219,7 @@ pub fn analyze(
             analysis.long_history_tokens_before += history_before;
             analysis.long_history_tokens_after += history_after;
         }
-        if !report.fits {
+        if report.over_its_budget() {
             analysis.over_budget += 1;
         }
         let offered = request.tool_names();

@@ -284,6 +284,13 @@ pub struct PipelineReport {
 }
 
 impl PipelineReport {
+    /// More tokens sent than the budget asked, the recall tool's allowance beside it counted
+    /// too (`fits`, what `on_exceed` acts on, is judged with the allowance): what `analyze`'s
+    /// fidelity table and `eval_fidelity.py` count as over budget.
+    pub fn over_its_budget(&self) -> bool {
+        self.tokens_after > self.budget
+    }
+
     /// Tokens saved by each stage, summing exactly to `tokens_before - tokens_after`: the few
     /// tokens a structural stage may add are charged to the next stages that save.
     pub fn savings_by_stage(&self) -> Vec<(StageName, usize)> {
