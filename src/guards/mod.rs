@@ -5,6 +5,7 @@
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
 //! and the stream rewriter ([`stream`]); the calls they need live in `server::guarded`.
 
+pub mod arguments;
 pub(crate) mod chunk;
 pub mod claims;
 pub mod config;
