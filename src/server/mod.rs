@@ -9,6 +9,7 @@ mod chat;
 mod command;
 mod guarded;
 mod housekeeping;
+pub mod learned;
 mod listener;
 mod meter;
 mod middleware;

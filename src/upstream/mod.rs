@@ -5,7 +5,7 @@
 mod headers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
@@ -56,9 +56,56 @@ pub struct Upstream {
     pub config: UpstreamConfig,
     client: HttpClient,
     /// The pipeline's config with tools needed later defined in the block, used once the
-    /// upstream has refused a definitions message in mid-conversation.
+    /// upstream is known to refuse or drop a definitions message in mid-conversation.
     in_block: Arc<PipelineConfig>,
-    refused_definitions: AtomicBool,
+    /// What its chat template taught: 0 nothing, else a [`Lesson`].
+    learned: AtomicU8,
+    /// When the store may next be asked what other replicas learned, in milliseconds since
+    /// `born`.
+    next_store_check_ms: AtomicU64,
+    born: std::time::Instant,
+}
+
+/// What an upstream's chat template does to a system message in mid-conversation, once seen:
+/// either way, its tools needed later are defined in the block from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lesson {
+    /// A 400 (vLLM's "Only user and assistant roles are supported…").
+    Refuses,
+    /// Dropped silently: the model called a tool defined there from its stub.
+    Drops,
+}
+
+impl Lesson {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lesson::Refuses => "refuses",
+            Lesson::Drops => "drops",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Lesson> {
+        match text {
+            "refuses" => Some(Lesson::Refuses),
+            "drops" => Some(Lesson::Drops),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Lesson::Refuses => 1,
+            Lesson::Drops => 2,
+        }
+    }
+
+    fn of_code(code: u8) -> Option<Lesson> {
+        match code {
+            1 => Some(Lesson::Refuses),
+            2 => Some(Lesson::Drops),
+            _ => None,
+        }
+    }
 }
 
 /// A request body for an upstream: buffered bodies can be re-sent after a connect failure.
@@ -112,24 +159,49 @@ impl Upstream {
             config,
             client,
             in_block: Arc::new(in_block),
-            refused_definitions: AtomicBool::new(false),
+            learned: AtomicU8::new(0),
+            next_store_check_ms: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         })
     }
 
     /// The pipeline's config for a request to this upstream: the configured one, or, once the
-    /// upstream refused a definitions message, the same with definitions in the block.
+    /// upstream is known to refuse or drop a definitions message, the same with definitions in
+    /// the block.
     pub fn pipeline(&self) -> &Arc<PipelineConfig> {
-        if self.refused_definitions.load(Ordering::Relaxed) {
+        if self.learned().is_some() {
             &self.in_block
         } else {
             &self.config.pipeline
         }
     }
 
-    /// Records that the upstream refused a definitions message in mid-conversation: its later
-    /// requests define tools in the block. `true` the first time.
-    pub fn learn_refused_definitions(&self) -> bool {
-        !self.refused_definitions.swap(true, Ordering::Relaxed)
+    /// What the upstream's template is known to do with a definitions message, if anything.
+    pub fn learned(&self) -> Option<Lesson> {
+        Lesson::of_code(self.learned.load(Ordering::Relaxed))
+    }
+
+    /// Records what the upstream's template does with a definitions message in
+    /// mid-conversation: its later requests define tools in the block. `true` the first time
+    /// it learns anything (a second lesson changes nothing).
+    pub fn learn(&self, lesson: Lesson) -> bool {
+        self.learned
+            .compare_exchange(0, lesson.code(), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Whether the store is to be asked now what other replicas learned: at most once per
+    /// `every` (the first request that finds it due asks; the others go on without waiting).
+    pub fn store_check_due(&self, every: std::time::Duration) -> bool {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_store_check_ms.load(Ordering::Relaxed);
+        if now < next {
+            return false;
+        }
+        let later = now.saturating_add(u64::try_from(every.as_millis()).unwrap_or(u64::MAX));
+        self.next_store_check_ms
+            .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// The upstream URL for a path below `/v1` (e.g. `/chat/completions?x=1`).
@@ -472,5 +544,47 @@ impl Upstream {
             fault.set(format!("{}: {error}", error.code()));
             Some(error.sse_event())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn upstream() -> Upstream {
+        let config = Config::from_toml("[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n", [])
+            .unwrap_or_else(|e| panic!("{e}"));
+        Upstream::new(config.upstreams[0].clone()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_upstream_learns_once_and_defines_tools_in_the_block_from_then_on() {
+        let upstream = upstream();
+        assert_eq!(upstream.learned(), None);
+        assert!(!Arc::ptr_eq(upstream.pipeline(), &upstream.in_block));
+        assert!(upstream.learn(Lesson::Drops));
+        assert!(
+            !upstream.learn(Lesson::Refuses),
+            "a second lesson changes nothing"
+        );
+        assert_eq!(upstream.learned(), Some(Lesson::Drops));
+        assert!(upstream.pipeline().tools.definitions.in_block());
+        for lesson in [Lesson::Refuses, Lesson::Drops] {
+            assert_eq!(Lesson::parse(lesson.as_str()), Some(lesson));
+        }
+        assert_eq!(Lesson::parse("reads"), None);
+    }
+
+    #[test]
+    fn the_store_is_due_once_per_period() {
+        let upstream = upstream();
+        let every = Duration::from_secs(60);
+        assert!(upstream.store_check_due(every));
+        assert!(!upstream.store_check_due(every), "the others go on");
+        let often = self::upstream();
+        assert!(often.store_check_due(Duration::ZERO));
+        assert!(often.store_check_due(Duration::ZERO));
     }
 }

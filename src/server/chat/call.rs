@@ -20,7 +20,7 @@ use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::server::meter::Saving;
 use crate::server::{
-    RequestContext, SharedState, prefix_state, read_body, recall_marks, scope, sticky,
+    RequestContext, SharedState, learned, prefix_state, read_body, recall_marks, scope, sticky,
 };
 use crate::tokens::TokenCounter;
 use crate::upstream::Upstream;
@@ -222,15 +222,20 @@ impl<'a> ChatCall<'a> {
     pub async fn run_pipeline(&self) -> Result<Pipelined, ProxyError> {
         let state = self.state;
         let sticky = self.sticky_categories().await;
-        let (remembered, recalls) = match &self.conversation {
-            Some(conversation) => {
-                tokio::join!(
-                    prefix_state::load(state, conversation),
-                    recall_marks::load(state, conversation)
-                )
+        let conversation = async {
+            match &self.conversation {
+                Some(conversation) => {
+                    tokio::join!(
+                        prefix_state::load(state, conversation),
+                        recall_marks::load(state, conversation)
+                    )
+                }
+                None => (None, Vec::new()),
             }
-            None => (None, Vec::new()),
         };
+        // What another replica learned of the upstream's template (rarely asks the store).
+        let ((remembered, recalls), ()) =
+            tokio::join!(conversation, learned::refresh(state, self.upstream));
         let config = self.upstream.pipeline();
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state

@@ -9,6 +9,7 @@ use axum::http::{Response, StatusCode};
 use super::read_whole;
 use crate::error::ProxyError;
 use crate::server::SharedState;
+use crate::server::learned::{self, Lesson};
 use crate::upstream::{Upstream, UpstreamResponse};
 
 /// What a 400 said.
@@ -49,7 +50,8 @@ fn refuses_system_messages(body: &[u8]) -> bool {
 }
 
 /// Counts a request asked again with its definitions in the block; when that answer is a
-/// success, the upstream defines tools in the block from now on (logged once).
+/// success, the upstream defines tools in the block from now on (logged once, shared with the
+/// other replicas: `server::learned`).
 pub fn asked_in_block(state: &SharedState, upstream: &Upstream, succeeded: bool) {
     let name = &upstream.config.name;
     state
@@ -57,13 +59,8 @@ pub fn asked_in_block(state: &SharedState, upstream: &Upstream, succeeded: bool)
         .tool_definitions_refused
         .with_label_values(&[name.as_str()])
         .inc();
-    if succeeded && upstream.learn_refused_definitions() {
-        tracing::warn!(
-            upstream = %name,
-            "the upstream refused a system message in mid-conversation (tool definitions): \
-             asked again with them in the block, as its later requests will be; set \
-             tool_definitions = \"in_block\" for it"
-        );
+    if succeeded {
+        learned::learn(state, upstream, Lesson::Refuses);
     }
 }
 
