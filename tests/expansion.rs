@@ -12,6 +12,7 @@ use common::{Mock, Proxy, client, proxy_for, start_mock};
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
 use ctxproxy::pipeline::recall;
 use ctxproxy::pipeline::tools::inline;
+use ctxproxy::server::learned;
 use serde_json::{Value, json};
 
 /// Filtered whatever their size (three small tools stand for a large block).
@@ -738,14 +739,249 @@ async fn a_template_that_drops_definitions_gets_them_in_the_block_by_default() {
         ("X-Mock-System-Messages", "drop"),
         ("X-Mock-Tool-Call", "get_weather"),
     ];
-    // In place, the dropped definition leaves the model with the stub: no arguments.
-    let in_place = in_place_proxy(&mock).await;
-    let answer: Value = answer_to(&in_place, &request(false), &headers).await;
-    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
-    assert_eq!(call["arguments"], "{}");
     // The default for a loopback upstream: in the block, read whatever the template.
     let default = proxy_for(&mock, FILTER_ALL).await;
+    let before = chat_count(&mock);
     let answer: Value = answer_to(&default, &request(false), &headers).await;
     let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["arguments"], r#"{"city":"mock"}"#);
+    assert_eq!(
+        chat_count(&mock) - before,
+        2,
+        "the stub call, then in the block"
+    );
+    assert_eq!(invalid_arguments(&default).await, 0.0);
+}
+
+/// `ctxproxy_tool_expansions_total{outcome="invalid_arguments"}`.
+async fn invalid_arguments(proxy: &Proxy) -> f64 {
+    proxy
+        .metric(
+            "ctxproxy_tool_expansions_total",
+            &[("outcome", "invalid_arguments")],
+        )
+        .await
+}
+
+/// The (name, arguments) of the calls a JSON or streamed answer gives the client.
+async fn calls_of(response: reqwest::Response, stream: bool) -> Vec<(String, String)> {
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    if stream {
+        return read_stream(&body).calls;
+    }
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    answer["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let f = &c["function"];
+            (
+                f["name"].as_str().unwrap().to_owned(),
+                f["arguments"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A next turn of `request(stream)` after the client called `get_weather`: the rewrite defines
+/// it in the messages, where a dropping template loses it.
+fn after_a_get_weather_call(stream: bool) -> Value {
+    let mut next = request(stream);
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+        "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}));
+    messages.push(json!({"role": "tool", "tool_call_id": "c1", "content": "{\"rain_mm\": 4}"}));
+    messages.push(json!({"role": "user", "content": "And in Lyon?"}));
+    next
+}
+
+const DROPS: (&str, &str) = ("X-Mock-System-Messages", "drop");
+
+#[tokio::test]
+async fn a_call_that_fails_its_schema_after_a_dropped_definition_is_asked_again_in_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    for stream in [false, true] {
+        // Configured as reading definitions in place, wrongly: its template drops them.
+        let proxy = in_place_proxy(&mock).await;
+        let next = after_a_get_weather_call(stream);
+        assert_eq!(defined_in_rewrite(&proxy, &next).await, 1);
+        let headers = [DROPS, ("X-Mock-Tool-Call", "get_weather")];
+        let before = chat_count(&mock);
+        let response = post(&proxy, &next, &headers).await;
+        assert_eq!(
+            response.headers().get("x-ctxproxy-tools-expanded").cloned(),
+            (!stream).then(|| "get_weather".parse().unwrap())
+        );
+        // The model, left with the stub, called it with `{}`: that failed the schema (`city`
+        // is required) and was asked again with the tool in the block.
+        let calls = calls_of(response, stream).await;
+        assert_eq!(
+            calls,
+            [("get_weather".to_owned(), r#"{"city":"mock"}"#.to_owned())],
+            "stream {stream}"
+        );
+        assert_eq!(chat_count(&mock) - before, 2, "stream {stream}");
+        assert_eq!(invalid_arguments(&proxy).await, 1.0, "stream {stream}");
+        // Learned: the upstream's next requests define tools in the block from the start.
+        assert_eq!(defined_in_rewrite(&proxy, &next).await, 0);
+        let before = chat_count(&mock);
+        let calls = calls_of(post(&proxy, &next, &headers).await, stream).await;
+        assert_eq!(calls[0].1, r#"{"city":"mock"}"#);
+        assert_eq!(chat_count(&mock) - before, 1, "no re-ask");
+        assert_eq!(invalid_arguments(&proxy).await, 1.0);
+    }
+}
+
+#[tokio::test]
+async fn a_stub_call_asked_again_in_place_and_dropped_is_asked_again_in_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    for stream in [false, true] {
+        let proxy = in_place_proxy(&mock).await;
+        let headers = [DROPS, ("X-Mock-Tool-Call", "get_weather")];
+        let before = chat_count(&mock);
+        let calls = calls_of(post(&proxy, &request(stream), &headers).await, stream).await;
+        assert_eq!(
+            calls,
+            [("get_weather".to_owned(), r#"{"city":"mock"}"#.to_owned())],
+            "stream {stream}"
+        );
+        assert_eq!(
+            chat_count(&mock) - before,
+            3,
+            "the stub call, its re-ask in place (dropped), then in the block"
+        );
+        assert_eq!(invalid_arguments(&proxy).await, 1.0, "stream {stream}");
+        assert_eq!(
+            defined_in_rewrite(&proxy, &after_a_get_weather_call(stream)).await,
+            0
+        );
+    }
+}
+
+/// The tools of `request`, and `set_mode`, whose schema the mock's placeholder arguments
+/// (`"mock"`) fail.
+fn with_set_mode(stream: bool) -> Value {
+    let mut body = request(stream);
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function", "function": {
+        "name": "set_mode", "description": "Set the forecast mode.",
+        "parameters": {"type": "object", "properties": {"mode": {"type": "string",
+            "enum": ["fast", "slow"]}}, "required": ["mode"]}}}));
+    body
+}
+
+#[tokio::test]
+async fn a_tool_in_full_in_the_block_is_never_asked_again_for_its_arguments() {
+    let mock = start_mock(MockOptions::default()).await;
+    let headers = [DROPS, ("X-Mock-Tool-Call", "set_mode")];
+    let failing = [("set_mode".to_owned(), r#"{"mode":"mock"}"#.to_owned())];
+    for stream in [false, true] {
+        // Four small tools reach the upstream unchanged: the call is the model's answer.
+        let unfiltered = proxy_for(&mock, "").await;
+        let before = chat_count(&mock);
+        let calls = calls_of(
+            post(&unfiltered, &with_set_mode(stream), &headers).await,
+            stream,
+        );
+        assert_eq!(calls.await, failing, "stream {stream}");
+        assert_eq!(chat_count(&mock) - before, 1);
+        // A stub defined in the block when called: asked once, for the definition only.
+        let in_block = proxy_for(&mock, FILTER_ALL).await;
+        let before = chat_count(&mock);
+        let calls = calls_of(
+            post(&in_block, &with_set_mode(stream), &headers).await,
+            stream,
+        );
+        assert_eq!(calls.await, failing, "stream {stream}");
+        assert_eq!(chat_count(&mock) - before, 2);
+        assert_eq!(invalid_arguments(&in_block).await, 0.0);
+    }
+}
+
+#[tokio::test]
+async fn a_model_that_read_the_definition_and_got_it_wrong_is_asked_again_and_teaches_nothing() {
+    let mock = start_mock(MockOptions::default()).await;
+    for stream in [false, true] {
+        // A template that reads definitions in place: the model names `mode`, wrongly.
+        let proxy = in_place_proxy(&mock).await;
+        let before = chat_count(&mock);
+        let headers = [("X-Mock-Tool-Call", "set_mode")];
+        let calls = calls_of(post(&proxy, &with_set_mode(stream), &headers).await, stream).await;
+        // Asked once more with it in the block, where a wrong answer is the client's.
+        assert_eq!(
+            calls,
+            [("set_mode".to_owned(), r#"{"mode":"mock"}"#.to_owned())]
+        );
+        assert_eq!(chat_count(&mock) - before, 3, "stream {stream}");
+        assert_eq!(invalid_arguments(&proxy).await, 1.0);
+        // Not a dropped message: the upstream still gets definitions in place.
+        assert_eq!(
+            defined_in_rewrite(&proxy, &after_a_get_weather_call(stream)).await,
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn what_one_replica_learns_of_a_template_the_others_read_from_the_store() {
+    let mock = start_mock(MockOptions::default()).await;
+    let shared = common::unique_prefix("learned");
+    let toml = format!(
+        "[upstream]\nbase_url = \"{}\"\ntool_definitions = \"in_place\"\n{FILTER_ALL}",
+        mock.base_url()
+    );
+    let replica = || {
+        let env = vec![("CTXPROXY_STORE_KEY_PREFIX".to_owned(), shared.clone())];
+        common::start_proxy_with_env(&toml, env)
+    };
+    let (first, second) = (replica().await, replica().await);
+    let next = after_a_get_weather_call(false);
+    let headers = [DROPS, ("X-Mock-Tool-Call", "get_weather")];
+    let calls = calls_of(post(&first, &next, &headers).await, false).await;
+    assert_eq!(calls[0].1, r#"{"city":"mock"}"#);
+    // Written in the background.
+    let upstream = first.state.upstreams.get(0).unwrap();
+    let key = learned::key(upstream);
+    let mut stored = None;
+    for _ in 0..100 {
+        stored = first.state.store.get(&key).await;
+        if stored.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored.as_deref(), Some(&b"drops"[..]));
+    // The other replica reads it on its next request: definitions in the block from the start.
+    assert_eq!(defined_in_rewrite(&second, &next).await, 0);
+    let before = chat_count(&mock);
+    let calls = calls_of(post(&second, &next, &headers).await, false).await;
+    assert_eq!(calls[0].1, r#"{"city":"mock"}"#);
+    assert_eq!(chat_count(&mock) - before, 1, "no re-ask");
+    // A replica of another deployment (another key prefix) learns nothing from it.
+    let other = in_place_proxy(&mock).await;
+    assert_eq!(defined_in_rewrite(&other, &next).await, 1);
+}
+
+#[tokio::test]
+async fn with_the_store_down_a_replica_still_learns_for_itself() {
+    let mock = start_mock(MockOptions::default()).await;
+    let port = common::closed_port().await;
+    let toml = format!(
+        "[upstream]\nbase_url = \"{}\"\ntool_definitions = \"in_place\"\n{FILTER_ALL}",
+        mock.base_url()
+    );
+    let env = vec![(
+        "CTXPROXY_STORE_REDIS_URL".to_owned(),
+        format!("redis://127.0.0.1:{port}"),
+    )];
+    let proxy = common::start_proxy_with_env(&toml, env).await;
+    let next = after_a_get_weather_call(true);
+    let headers = [DROPS, ("X-Mock-Tool-Call", "get_weather")];
+    let calls = calls_of(post(&proxy, &next, &headers).await, true).await;
+    assert_eq!(calls[0].1, r#"{"city":"mock"}"#);
+    assert_eq!(defined_in_rewrite(&proxy, &next).await, 0);
 }

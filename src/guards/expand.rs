@@ -1,11 +1,14 @@
 //! Transparent expansion, its pure parts: which stubs an answer calls, and a stream rewriter
 //! that relays text as it comes, holds a tool call only until its name is known (a call of a
-//! full tool goes on at once; from a stub call on, the part is held), and splices a re-asked
-//! answer into the same stream. The calls live in `server::guarded::expand`.
+//! full tool goes on at once; from a stub call, or a call of a tool defined only in the
+//! messages, on, the part is held: the latter's arguments are checked once whole, see
+//! `guards::arguments`), and splices a re-asked answer into the same stream. The calls live in
+//! `server::guarded::expand`.
 
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::arguments::{ArgumentCheck, Failed};
 use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
 use super::stream::Relay;
@@ -67,6 +70,10 @@ pub enum PartEnd {
     /// The answer called these stubs: ask again with them defined, then call
     /// [`ExpandStream::re_asked`]. Nothing of the part's tool calls was relayed.
     ReAsk(Vec<String>),
+    /// The answer called no stub, but tools defined only in the messages with arguments that
+    /// fail their schema: ask again with them in full in the block, then call
+    /// [`ExpandStream::re_asked`]. Nothing of the part's held calls was relayed.
+    Invalid(Failed),
     /// The answer is over: the held tool calls, the usage of every part and `[DONE]`.
     Done(Vec<Bytes>),
 }
@@ -85,8 +92,9 @@ struct HeldCall {
 enum CallRoute {
     /// To the client, under this index.
     Relay(u64),
-    /// Held until the part ends (a stub's call, or any call after it).
-    Hold,
+    /// Held until the part ends (a stub's call, a checked one, or any call after it), then
+    /// to the client under this index.
+    Hold(u64),
     /// Nowhere: a re-asked answer's repeat of a call the client already has.
     Drop,
 }
@@ -95,6 +103,8 @@ enum CallRoute {
 pub struct ExpandStream {
     /// The tools the request being answered offers as stubs.
     stubs: Vec<String>,
+    /// The tools it defines only in its messages: their calls are held and checked.
+    arguments: ArgumentCheck,
     max_event: usize,
     splitter: SseSplitter,
     /// 0 for the first answer, then one per re-ask.
@@ -120,12 +130,16 @@ pub struct ExpandStream {
     held_calls: Vec<HeldCall>,
     /// This part's tool calls by the upstream's index, and where each goes.
     calls: Vec<(u64, CallRoute)>,
-    /// Tool calls relayed so far over every part: the client's index of the next one.
-    relayed_calls: u64,
-    relayed_before_part: u64,
-    /// The stubs the last re-ask defined. Once calls were relayed, a re-asked part adds only
-    /// its calls of these: its other calls repeat what the client already has.
-    reasked_for: Vec<String>,
+    /// The names of the tool calls relayed or held so far over every part, by the client's
+    /// index ("" for a call whose name did not come with its start).
+    relayed: Vec<String>,
+    /// How many of them the client had when this part started, and where this part's held
+    /// calls start.
+    relayed_before_part: usize,
+    held_from: Option<usize>,
+    /// The names of the calls this part started. A re-asked part's first calls of a tool,
+    /// as many as the client already has, repeat those: they are dropped.
+    started: Vec<String>,
     /// The first part's usage event as it came, and the usage of every part.
     usage_event: Option<Bytes>,
     usage: Option<Value>,
@@ -138,6 +152,7 @@ impl ExpandStream {
     pub fn new(stubs: Vec<String>, max_event: usize) -> ExpandStream {
         ExpandStream {
             stubs,
+            arguments: ArgumentCheck::default(),
             max_event,
             splitter: SseSplitter::with_max_event(max_event),
             part: 0,
@@ -152,14 +167,21 @@ impl ExpandStream {
             called: Vec::new(),
             held_calls: Vec::new(),
             calls: Vec::new(),
-            relayed_calls: 0,
+            relayed: Vec::new(),
             relayed_before_part: 0,
-            reasked_for: Vec::new(),
+            held_from: None,
+            started: Vec::new(),
             usage_event: None,
             usage: None,
             done: false,
             progress: StreamProgress::default(),
         }
+    }
+
+    /// The argument checks of the request being answered (empty: no call is checked); after
+    /// a re-ask, what its request defines only in the messages.
+    pub fn arguments(&mut self) -> &mut ArgumentCheck {
+        &mut self.arguments
     }
 
     /// Takes bytes of the current part's body as they came.
@@ -185,12 +207,11 @@ impl ExpandStream {
             // The client was told the answer failed: no call of it, stub or not, follows.
             self.held.clear();
         } else if !self.called.is_empty() {
-            if self.holding_whole {
-                // Nothing of this part went out.
-                self.relayed_calls = self.relayed_before_part;
-            }
-            self.reasked_for = self.called.clone();
+            self.asking_again();
             return PartEnd::ReAsk(std::mem::take(&mut self.called));
+        } else if let Some(failed) = self.failing_calls() {
+            self.asking_again();
+            return PartEnd::Invalid(failed);
         }
         if let Some(extra) = self.beyond_said() {
             out.push(extra);
@@ -208,6 +229,31 @@ impl ExpandStream {
         PartEnd::Done(out)
     }
 
+    /// The part is asked again: its held calls never went out (nor anything of it, held
+    /// whole), and the re-asked part's calls take their indices.
+    fn asking_again(&mut self) {
+        let kept = if self.holding_whole {
+            Some(self.relayed_before_part)
+        } else {
+            self.held_from
+        };
+        if let Some(kept) = kept {
+            self.relayed.truncate(kept);
+        }
+    }
+
+    /// The checked tools whose held calls fail their schema.
+    fn failing_calls(&mut self) -> Option<Failed> {
+        if self.arguments.is_empty() {
+            return None;
+        }
+        let calls = self
+            .held_calls
+            .iter()
+            .map(|c| (c.name.as_str(), c.arguments.as_str()));
+        self.arguments.failing(calls)
+    }
+
     /// The re-asked answer is arriving; `stubs`: what its request still offers as stubs.
     pub fn re_asked(&mut self, stubs: Vec<String>) {
         self.stubs = stubs;
@@ -218,7 +264,9 @@ impl ExpandStream {
         self.role_in_part = false;
         self.calls.clear();
         self.held_calls.clear();
-        self.relayed_before_part = self.relayed_calls;
+        self.relayed_before_part = self.relayed.len();
+        self.held_from = None;
+        self.started.clear();
         // Once text went out, a re-asked part is held whole: its text is known only at its end.
         self.holding_whole = !self.said.is_empty();
         self.holding = false;
@@ -351,8 +399,9 @@ impl ExpandStream {
                     delta["index"] = Value::from(client_index);
                     relay.push(delta);
                 }
-                CallRoute::Hold => {
+                CallRoute::Hold(client_index) => {
                     self.assemble(index, &delta);
+                    delta["index"] = Value::from(client_index);
                     hold.push(delta);
                 }
                 CallRoute::Drop => {}
@@ -419,22 +468,40 @@ impl ExpandStream {
         let Some(name) = name else {
             // A call whose name does not come with its start: held, as everything after it.
             self.holding = true;
-            return CallRoute::Hold;
+            return self.next_call(String::new());
         };
         if self.hold_if_stub(name) {
-            return CallRoute::Hold;
+            return self.next_call(name.to_owned());
         }
-        let repeat =
-            self.part > 0 && self.relayed_calls > 0 && !self.reasked_for.iter().any(|s| s == name);
-        if repeat {
-            return CallRoute::Drop;
+        if self.part > 0 {
+            let had = self.relayed[..self.relayed_before_part]
+                .iter()
+                .filter(|n| *n == name)
+                .count();
+            let again = self.started.iter().filter(|n| *n == name).count();
+            self.started.push(name.to_owned());
+            if again < had {
+                return CallRoute::Drop;
+            }
         }
+        if self.arguments.checks(name) {
+            // Held until its arguments can be checked, as everything after it.
+            self.holding = true;
+        }
+        self.next_call(name.to_owned())
+    }
+
+    /// The client's index of a call this part starts: relayed, or held while the part holds.
+    fn next_call(&mut self, name: String) -> CallRoute {
+        let client_index = self.relayed.len();
+        self.relayed.push(name);
+        let index = client_index as u64;
         if self.holding {
-            return CallRoute::Hold;
+            self.held_from.get_or_insert(client_index);
+            CallRoute::Hold(index)
+        } else {
+            CallRoute::Relay(index)
         }
-        let client_index = self.relayed_calls;
-        self.relayed_calls += 1;
-        CallRoute::Relay(client_index)
     }
 
     /// A call of the stub `name` holds the part from here on; whether `name` is a stub.
@@ -956,5 +1023,162 @@ mod tests {
         ]
         .concat();
         assert_eq!(text_of(&out), expected);
+    }
+
+    /// A rewriter whose request defines `get_weather` only in its messages (checked against
+    /// its schema) and offers `full_one` in full.
+    fn checking() -> ExpandStream {
+        let client: Vec<crate::openai::Tool> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]}}},
+            {"type": "function", "function": {"name": "full_one", "parameters": {
+                "type": "object", "properties": {"x": {"type": "integer"}},
+                "required": ["x"]}}}
+        ]))
+        .unwrap();
+        let mut stream = ExpandStream::new(Vec::new(), 1 << 20);
+        stream
+            .arguments()
+            .watch(&client, &["get_weather".to_owned()]);
+        stream
+    }
+
+    #[test]
+    fn a_call_of_a_tool_defined_in_the_messages_is_held_until_its_arguments_pass() {
+        let mut stream = checking();
+        let start = chunk("a", call_delta(0, Some("get_weather"), ""), None);
+        assert!(relayed(stream.push(start.as_bytes())).is_empty());
+        let rest = [
+            chunk("a", call_delta(0, None, "{\"city\":"), None),
+            chunk("a", call_delta(0, None, "\"Paris\"}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        assert!(relayed(stream.push(rest.as_bytes())).is_empty());
+        let PartEnd::Done(out) = stream.end_part() else {
+            panic!("the arguments pass");
+        };
+        let streamed = text_of(&out);
+        assert!(streamed.contains("get_weather"), "{streamed}");
+        assert!(
+            streamed.contains("Paris") && streamed.ends_with(DONE),
+            "{streamed}"
+        );
+    }
+
+    #[test]
+    fn a_call_that_fails_its_schema_is_asked_again_and_the_re_asked_call_spliced() {
+        let mut stream = checking();
+        let first = [
+            chunk("a", json!({"role": "assistant", "content": null}), None),
+            chunk("a", call_delta(0, Some("get_weather"), "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            usage("a", 5, 3),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let out = text_of(&relayed(stream.push(first.as_bytes())));
+        assert!(!out.contains("get_weather"), "{out}");
+        assert_eq!(
+            stream.end_part(),
+            PartEnd::Invalid(Failed {
+                tools: vec!["get_weather".into()],
+                unread: true
+            })
+        );
+        stream.re_asked(Vec::new());
+        // Asked again with the tool in the block: nothing is checked any more.
+        stream.arguments().watch(&[], &[]);
+        let second = [
+            chunk("b", json!({"role": "assistant", "content": null}), None),
+            chunk(
+                "b",
+                call_delta(0, Some("get_weather"), "{\"city\":\"Paris\"}"),
+                None,
+            ),
+            chunk("b", json!({}), Some("tool_calls")),
+            usage("b", 9, 4),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut out = relayed(stream.push(second.as_bytes()));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("nothing left to check");
+        };
+        out.extend(rest);
+        let out = text_of(&out);
+        assert_eq!(out.matches("get_weather").count(), 1, "{out}");
+        assert!(out.contains(r#"{\"city\":\"Paris\"}"#), "{out}");
+        assert!(
+            out.contains(r#""prompt_tokens":14"#),
+            "usage of both: {out}"
+        );
+        // The role went out with the first part.
+        assert!(!out.contains("\"role\""), "{out}");
+    }
+
+    #[test]
+    fn a_full_tools_call_is_relayed_at_once_and_never_checked() {
+        let mut stream = checking();
+        // Its arguments fail its schema: the model's answer, the client's business.
+        let part = [
+            chunk("a", call_delta(0, Some("full_one"), "{}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+        ]
+        .concat();
+        assert_eq!(text_of(&relayed(stream.push(part.as_bytes()))), part);
+        assert_eq!(stream.end_part(), PartEnd::Done(Vec::new()));
+    }
+
+    #[test]
+    fn a_call_held_behind_a_failing_one_is_not_taken_for_a_repeat() {
+        let mut stream = checking();
+        let first = [
+            chunk("a", call_delta(0, Some("full_one"), "{\"x\":1}"), None),
+            chunk("a", call_delta(1, Some("get_weather"), "{}"), None),
+            chunk("a", call_delta(2, Some("full_one"), "{\"x\":2}"), None),
+            chunk("a", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let out = text_of(&relayed(stream.push(first.as_bytes())));
+        // Only the call before the checked one went out.
+        assert!(
+            out.contains("{\\\"x\\\":1}") && !out.contains("{\\\"x\\\":2}"),
+            "{out}"
+        );
+        assert!(matches!(stream.end_part(), PartEnd::Invalid(_)));
+        stream.re_asked(Vec::new());
+        stream.arguments().watch(&[], &[]);
+        let second = [
+            chunk("b", call_delta(0, Some("full_one"), "{\"x\":1}"), None),
+            chunk(
+                "b",
+                call_delta(1, Some("get_weather"), "{\"city\":\"Paris\"}"),
+                None,
+            ),
+            chunk("b", call_delta(2, Some("full_one"), "{\"x\":2}"), None),
+            chunk("b", json!({}), Some("tool_calls")),
+            DONE.to_owned(),
+        ]
+        .concat();
+        let mut out = relayed(stream.push(second.as_bytes()));
+        let PartEnd::Done(rest) = stream.end_part() else {
+            panic!("nothing left to check");
+        };
+        out.extend(rest);
+        let out = text_of(&out);
+        // The repeat of the relayed call is dropped; the held one and the re-asked one come.
+        assert!(!out.contains("{\\\"x\\\":1}"), "{out}");
+        assert!(
+            out.contains("{\\\"x\\\":2}") && out.contains("Paris"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#""index":1"#) && out.contains(r#""index":2"#),
+            "{out}"
+        );
     }
 }

@@ -162,12 +162,16 @@ label_set! {
 }
 
 label_set! {
-    /// How an answer that called stubs was asked again.
+    /// How an answer that called stubs (or called a tool defined only in the messages with
+    /// arguments that fail its schema) was asked again.
     ExpansionOutcome {
         /// The called tools in full were enough.
         Expanded => "expanded",
         /// The last round allowed sent every tool in full.
         AllFull => "all_full",
+        /// A call of a tool defined only in the messages failed the client's schema (the
+        /// template dropped the definition): asked again with the tool in full in the block.
+        InvalidArguments => "invalid_arguments",
         /// A re-ask failed: the client got the upstream's error.
         Error => "error",
     }

@@ -340,7 +340,7 @@ impl Metrics {
             )?,
             tool_expansions: r.counters(
                 "ctxproxy_tool_expansions_total",
-                "Answers that called a tool sent as a stub without its definition, asked again with it defined, by outcome: expanded (the called tools defined were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), error (a re-ask failed; the client got the upstream's error).",
+                "Answers that called a tool sent as a stub without its definition, asked again with it defined, by outcome: expanded (the called tools defined were enough), all_full (the last round allowed, [tools] max_expansions, sent every tool in full), invalid_arguments (a call of a tool defined only in the messages failed the client's JSON schema, as when the chat template drops that message: asked again with the tool in full in the block), error (a re-ask failed; the client got the upstream's error).",
                 &["model", "tenant", "outcome"],
             )?,
             tool_recalls: r.counters(

@@ -84,6 +84,17 @@ pub fn undefined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) ->
         .collect()
 }
 
+/// The stubs of a request as sent that its messages define in full: the model has their
+/// definitions only where a chat template may drop them, so a call of one of them is checked
+/// against the client's schema (`guards::arguments`).
+pub fn defined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Vec<String> {
+    let defined = defined_in(messages);
+    super::stubs::stubbed(tools, client)
+        .into_iter()
+        .filter(|name| defined.contains(name))
+        .collect()
+}
+
 /// Whether a tool needed later goes in full in the block: a strict tool, or any tool when
 /// the upstream's definitions go in the block.
 pub fn in_block(tool: &Tool, definitions: Definitions) -> bool {

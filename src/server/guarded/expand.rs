@@ -1,7 +1,10 @@
 //! Transparent expansion: when the upstream's answer calls a tool that went as a stub without a
 //! definition, the request is asked again with that tool defined (`inline::reask`: in a message
 //! appended last, or in full in the block when strict), and the client gets only the new answer
-//! (JSON) or the new answer's calls spliced into the same stream. The decisions are
+//! (JSON) or the new answer's calls spliced into the same stream. A call of a tool defined only
+//! in the messages whose arguments fail the client's schema (`guards::arguments`: the template
+//! dropped the definition) is asked again the same way, with the definitions in the block; the
+//! upstream then defines tools in the block (`server::learned`). The decisions are
 //! `guards::expand`'s; this sends, reads and counts.
 
 use std::sync::Arc;
@@ -17,12 +20,15 @@ use super::pump::{Events, channel_body, forward, forward_all, pump};
 use super::refusal::{self, Answered};
 use super::{Sent, read_whole, too_large};
 use crate::error::ProxyError;
+use crate::guards::arguments::{ArgumentCheck, Failed};
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
 use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
+use crate::pipeline::config::Definitions;
 use crate::pipeline::recall::{self, Mark};
-use crate::pipeline::tools::inline::{self, reask, undefined_stubs};
+use crate::pipeline::tools::inline::{self, defined_stubs, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
+use crate::server::learned::{self, Lesson};
 use crate::server::meter;
 use crate::server::{SharedState, recall_marks};
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, is_event_stream};
@@ -42,6 +48,18 @@ pub struct ExpandCall {
     client_tools: Vec<Tool>,
     /// The tools `request` offers as stubs.
     stubs: Vec<String>,
+    /// The tools `request` defines only in its messages: their calls' arguments are checked.
+    defined: Vec<String>,
+    /// The checks of those arguments (a stream's rewriter holds them while it relays).
+    arguments: ArgumentCheck,
+    /// This request's re-asks define tools in the block: its upstream refused a definitions
+    /// message, or a call failed its schema.
+    in_block: bool,
+    /// A call failed its schema the way a model that never read the definition calls it: the
+    /// answer to the re-ask that put it in the block teaches the upstream (`Lesson::Drops`).
+    unread: bool,
+    /// A re-ask was for arguments that failed their schema (the metric's outcome).
+    invalid_arguments: bool,
     /// The request offers `ctxproxy_recall`: the originals its handles name.
     recall: Option<Recall>,
     /// The handles recalled so far.
@@ -104,6 +122,7 @@ impl ExpandCall {
         let client_tools = client.tools.get()?.clone();
         let tools = request.tools.get()?;
         let stubs = undefined_stubs(tools, &request.messages, &client_tools);
+        let defined = defined_stubs(tools, &request.messages, &client_tools);
         let recall = recall::offered(tools).then(|| Recall {
             originals: recall::originals(&request.messages, &client.messages),
             rounds: 0,
@@ -111,7 +130,7 @@ impl ExpandCall {
             marks: conversation.recalls,
             client_messages: client.messages.len(),
         });
-        if stubs.is_empty() && recall.is_none() {
+        if stubs.is_empty() && defined.is_empty() && recall.is_none() {
             return None;
         }
         Some(ExpandCall {
@@ -124,6 +143,11 @@ impl ExpandCall {
             request,
             client_tools,
             stubs,
+            defined,
+            arguments: ArgumentCheck::default(),
+            in_block: false,
+            unread: false,
+            invalid_arguments: false,
             recall,
             recalled: Vec::new(),
             rounds: 0,
@@ -200,9 +224,7 @@ impl ExpandCall {
             recall::withdraw(&mut self.request);
             self.recall = None;
         }
-        let body =
-            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
-        Ok(self.as_sent(body))
+        self.body()
     }
 
     /// The request with the definitions of `called` (`inline::reask`); the last round allowed
@@ -211,18 +233,65 @@ impl ExpandCall {
         self.rounds += 1;
         let max = self.state.config.pipeline.tools.max_expansions;
         if self.rounds < max {
-            let definitions = self.upstream.pipeline().tools.definitions;
+            let definitions = if self.in_block {
+                Definitions::InBlock
+            } else {
+                self.upstream.pipeline().tools.definitions
+            };
             self.request = reask(&self.request, &self.client_tools, called, definitions);
         } else {
             let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
             self.request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
             self.all_full = true;
         }
-        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
+        self.body()
+    }
+
+    /// The request with the tools defined in its messages in full in the block instead, after
+    /// an answer called some of them (`failed`) with arguments that fail their schema: the
+    /// template dropped the message, or the model misread it. Its later re-asks define tools
+    /// in the block too.
+    fn define_in_block(&mut self, failed: &Failed) -> Result<Bytes, ProxyError> {
+        self.request = match inline::in_block_instead(&self.request, &self.client_tools) {
+            Some(in_block) => in_block,
+            None => {
+                let mut request = self.request.clone();
+                let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
+                let names = Some(failed.tools.as_slice());
+                request.tools = Nullable::Value(promote(tools, &self.client_tools, names));
+                request
+            }
+        };
+        self.in_block = true;
+        self.unread |= failed.unread;
+        self.invalid_arguments = true;
+        self.body()
+    }
+
+    /// The body of the request as it is now, after what it watches for is brought up to date.
+    fn body(&mut self) -> Result<Bytes, ProxyError> {
+        self.watch();
         let body =
             serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
         Ok(self.as_sent(body))
+    }
+
+    /// What the request now offers as stubs and defines only in its messages.
+    fn watch(&mut self) {
+        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
+        self.defined = defined_stubs(tools, &self.request.messages, &self.client_tools);
+    }
+
+    /// The checked tools a JSON answer calls with arguments that fail their schema.
+    fn failing(&mut self, answer: &Value) -> Option<Failed> {
+        if self.defined.is_empty() {
+            return None;
+        }
+        self.arguments.watch(&self.client_tools, &self.defined);
+        let calls = calls_in(answer);
+        self.arguments
+            .failing(calls.iter().map(|(n, a)| (n.as_str(), a.as_str())))
     }
 
     /// A body of this request as the first one went: a stream asks for its usage (the meter
@@ -276,6 +345,10 @@ impl ExpandCall {
     /// asked once more with those tools in full in the block. The answer, and what was sent.
     async fn ask(&mut self, body: Bytes) -> Result<(UpstreamResponse, Bytes), ProxyError> {
         let answer = self.send(body.clone()).await?;
+        if answer.response.status().is_success() && std::mem::take(&mut self.unread) {
+            // Its definitions in the block, the call it could not make is answered.
+            learned::learn(&self.state, &self.upstream, Lesson::Drops);
+        }
         let in_block = (answer.response.status() == StatusCode::BAD_REQUEST)
             .then(|| inline::in_block_instead(&self.request, &self.client_tools))
             .flatten();
@@ -286,11 +359,8 @@ impl ExpandCall {
             Answered::Other(answer) => Ok((answer, body)),
             Answered::RefusedSystemMessage => {
                 self.request = in_block;
-                let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-                self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
-                let body = serde_json::to_vec(&self.request)
-                    .map_err(|e| ProxyError::Internal(e.to_string()))?;
-                let body = self.as_sent(body);
+                self.in_block = true;
+                let body = self.body()?;
                 let answer = self.send(body.clone()).await?;
                 let succeeded = answer.response.status().is_success();
                 refusal::asked_in_block(&self.state, &self.upstream, succeeded);
@@ -326,10 +396,13 @@ impl ExpandCall {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    /// How the expansion ended: every tool went in full, or the called ones were enough.
+    /// How the expansion ended: every tool went in full, a call that failed its schema was
+    /// asked again with its tool in the block, or the called ones were enough.
     fn outcome(&self) -> ExpansionOutcome {
         if self.all_full {
             ExpansionOutcome::AllFull
+        } else if self.invalid_arguments {
+            ExpansionOutcome::InvalidArguments
         } else {
             ExpansionOutcome::Expanded
         }
@@ -391,11 +464,18 @@ async fn expand_json(
     let expanding = Instant::now();
     loop {
         let called = called_stubs(&answer, &call.watched());
-        if called.is_empty() {
+        if !called.is_empty() {
+            sent = call.re_ask(&called, calls_of(&answer, recall::TOOL_NAME))?;
+            note(
+                &mut expanded,
+                called.into_iter().filter(|c| c != recall::TOOL_NAME),
+            );
+        } else if let Some(failed) = call.failing(&answer) {
+            sent = call.define_in_block(&failed)?;
+            note(&mut expanded, failed.tools);
+        } else {
             break;
         }
-        sent = call.re_ask(&called, calls_of(&answer, recall::TOOL_NAME))?;
-        expanded.extend(called.into_iter().filter(|c| c != recall::TOOL_NAME));
         let (next_parts, next_answer) = match ask_json(&mut call, &mut sent).await {
             Ok(Reasked::Answer(parts, answer)) => (parts, answer),
             // An upstream error to a re-ask is the client's answer: never the call to a stub.
@@ -432,6 +512,38 @@ async fn expand_json(
         sent,
         call.recalled,
     ))
+}
+
+/// Adds the tools asked again for to `expanded`, once each.
+fn note(expanded: &mut Vec<String>, names: impl IntoIterator<Item = String>) {
+    for name in names {
+        if !expanded.contains(&name) {
+            expanded.push(name);
+        }
+    }
+}
+
+/// The tool calls (name, arguments) of every choice of a JSON answer.
+fn calls_in(answer: &Value) -> Vec<(String, String)> {
+    let choices = answer["choices"].as_array().into_iter().flatten();
+    choices
+        .flat_map(|choice| {
+            choice["message"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|call| {
+            let function = &call["function"];
+            let name = function["name"].as_str()?.to_owned();
+            let arguments = match &function["arguments"] {
+                Value::String(text) => text.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            Some((name, arguments))
+        })
+        .collect()
 }
 
 /// The calls of the tool `name` in a JSON answer's first choice.
@@ -496,6 +608,9 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
 async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
     let max_event = call.upstream.config.max_event_bytes;
     let mut rewriter = ExpandStream::new(call.watched(), max_event);
+    rewriter
+        .arguments()
+        .watch(&call.client_tools, &call.defined);
     let mut body = first;
     let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
@@ -511,7 +626,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
         let Some(end) = pumped.await else {
             return;
         };
-        match end {
+        let request = match end {
             PartEnd::Done(mut last) => {
                 if !expanded.is_empty() {
                     call.count(call.outcome(), expanding);
@@ -528,27 +643,40 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             }
             PartEnd::ReAsk(called) => {
                 let recalls = rewriter.held_calls_of(recall::TOOL_NAME);
-                let next = match call.re_ask(&called, recalls) {
-                    // A client that left is not asked for again.
-                    Ok(request) => tokio::select! {
-                        next = call.ask(request) => next.map(|(next, _)| next),
-                        () = events.closed() => return,
-                    },
-                    Err(e) => Err(e),
-                };
-                expanded.extend(called.into_iter().filter(|c| c != recall::TOOL_NAME));
-                match next.and_then(|next| call.stream_of(next)) {
-                    Ok(next) => {
-                        rewriter.re_asked(call.watched());
-                        body = next;
-                    }
-                    // The error event says why: the upstream's timeout, failure, or answer.
-                    Err(e) => {
-                        call.count(ExpansionOutcome::Error, expanding);
-                        forward(events, e.sse_event()).await;
-                        return;
-                    }
-                }
+                let request = call.re_ask(&called, recalls);
+                note(
+                    &mut expanded,
+                    called.into_iter().filter(|c| c != recall::TOOL_NAME),
+                );
+                request
+            }
+            PartEnd::Invalid(failed) => {
+                let request = call.define_in_block(&failed);
+                note(&mut expanded, failed.tools);
+                request
+            }
+        };
+        let next = match request {
+            // A client that left is not asked for again.
+            Ok(request) => tokio::select! {
+                next = call.ask(request) => next.map(|(next, _)| next),
+                () = events.closed() => return,
+            },
+            Err(e) => Err(e),
+        };
+        match next.and_then(|next| call.stream_of(next)) {
+            Ok(next) => {
+                rewriter.re_asked(call.watched());
+                rewriter
+                    .arguments()
+                    .watch(&call.client_tools, &call.defined);
+                body = next;
+            }
+            // The error event says why: the upstream's timeout, failure, or answer.
+            Err(e) => {
+                call.count(ExpansionOutcome::Error, expanding);
+                forward(events, e.sse_event()).await;
+                return;
             }
         }
     }
