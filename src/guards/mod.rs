@@ -3,7 +3,9 @@
 //! `pipeline::run`), and answers that claim an action without a tool call are flagged and
 //! optionally retried ([`claims`]). All three are off by default and set globally or per route
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
-//! and the stream rewriter ([`stream`]); the calls they need live in `server::guarded`.
+//! and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
+//! and of calls that fail their schema ([`arguments`]); the calls they need live in
+//! `server::guarded`.
 
 pub mod arguments;
 pub(crate) mod chunk;
