@@ -870,7 +870,7 @@ fn with_set_mode(stream: bool) -> Value {
         .push(json!({"type": "function", "function": {
         "name": "set_mode", "description": "Set the forecast mode.",
         "parameters": {"type": "object", "properties": {"mode": {"type": "string",
-            "enum": ["fast", "slow"]}}, "required": ["mode"]}}}));
+            "pattern": "^(fast|slow)$"}}, "required": ["mode"]}}}));
     body
 }
 

@@ -264,17 +264,22 @@ pub fn limited(mut reply: Reply, request: &ChatRequest) -> Reply {
     reply
 }
 
-/// Arguments that satisfy a JSON schema's required properties with placeholder values.
+/// Arguments that satisfy a JSON schema's required properties with placeholder values (the
+/// first value of an `enum`).
 fn arguments_for_schema(schema: &Value) -> String {
     let mut arguments = serde_json::Map::new();
     let properties = schema.get("properties").and_then(Value::as_object);
     let required = schema.get("required").and_then(Value::as_array);
     if let (Some(properties), Some(required)) = (properties, required) {
         for name in required.iter().filter_map(Value::as_str) {
-            let kind = properties
-                .get(name)
-                .and_then(|p| p.get("type"))
-                .and_then(Value::as_str);
+            let property = properties.get(name);
+            // A value the schema names (`enum`, `const`), as a model that read it picks.
+            let named = property.and_then(|p| p.get("const").or_else(|| p.get("enum")?.get(0)));
+            if let Some(value) = named {
+                arguments.insert(name.to_owned(), value.clone());
+                continue;
+            }
+            let kind = property.and_then(|p| p.get("type")).and_then(Value::as_str);
             let value = match kind {
                 Some("integer" | "number") => json!(1),
                 Some("boolean") => json!(true),
@@ -362,13 +367,17 @@ mod tests {
             "model": "m",
             "messages": [{"role":"user","content":"weather? [mock:tool_call]"}],
             "tools": [{"type":"function","function":{"name":"get_weather","parameters":{
-                "type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},
-                "required":["city","days"]}}}]
+                "type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"},
+                "unit":{"type":"string","enum":["c","f"]}},
+                "required":["city","days","unit"]}}}]
         }));
         let reply = reply_for(&req, &body, None);
         assert_eq!(reply.tool_calls.len(), 1);
         assert_eq!(reply.tool_calls[0].name, "get_weather");
-        assert_eq!(reply.tool_calls[0].arguments, r#"{"city":"mock","days":1}"#);
+        assert_eq!(
+            reply.tool_calls[0].arguments,
+            r#"{"city":"mock","days":1,"unit":"c"}"#
+        );
         assert_eq!(reply.finish_reason(), "tool_calls");
     }
 
