@@ -15,8 +15,8 @@ with `X-Mock-Tool-Call: <that tool>` (the mock calls it, filling the required pr
 schema it was given: none for a stub) and `Cache-Control: no-cache`, in order, JSON then
 streamed, each mode and form on a fresh proxy (so what a proxy learns of the template shows:
 its first requests pay the refusal or the re-ask, the later ones define tools in the block).
-`CTXPROXY_BIN` picks the binary (`target/release/ctxproxy` by default; another build measures
-"before"). Prints one row per mode and form; exit 1 when an answer is not a 200 with the call,
+`CTXPROXY_BIN` picks the proxy's binary (`target/release/ctxproxy` by default; another build
+measures "before"), `MOCK_BIN` the mock's (the same by default). Prints one row per mode and form; exit 1 when an answer is not a 200 with the call,
 2 on a usage error or when a process does not start.
 """
 import http.client
@@ -29,6 +29,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("CTXPROXY_BIN", os.path.join(ROOT, "target", "release", "ctxproxy"))
+MOCK_BIN = os.environ.get("MOCK_BIN", BIN)
 HEADER = "Full definitions of tools that the tools list gives by name only"
 MODES = ["in_place", "reject", "drop"]
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
@@ -181,7 +182,7 @@ def main():
     with open(path) as f, open(meta_path) as m:
         rows = [(json.loads(a), json.loads(b)) for a, b in zip(f, m)]
     mock_port = free_port()
-    mock = subprocess.Popen([BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}"],
+    mock = subprocess.Popen([MOCK_BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs = [mock]
     bad = 0
