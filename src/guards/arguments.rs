@@ -260,6 +260,24 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_that_refers_to_itself_is_judged_without_looping() {
+        let client: Vec<Tool> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}},
+            {"type": "function", "function": {"name": "tree", "parameters": {
+                "type": "object", "properties": {"child": {"$ref": "#"}},
+                "required": ["child"]}}}
+        ]))
+        .unwrap();
+        let mut check = ArgumentCheck::default();
+        check.watch(&client, &["loop".to_owned(), "tree".to_owned()]);
+        assert_eq!(check.judge("loop", r#"{"x":1}"#), Verdict::Valid);
+        assert!(matches!(
+            check.judge("tree", r#"{"child":{"child":1}}"#),
+            Verdict::Invalid { unread: false }
+        ));
+    }
+
+    #[test]
     fn failing_calls_name_each_tool_once_in_order() {
         let mut check = check(&["get_weather", "send_email", "ping"]);
         let calls = [
