@@ -18,6 +18,7 @@ use crate::metrics::{BudgetOutcome, ChatLabels};
 use crate::openai::ChatRequest;
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
+use crate::responses;
 use crate::server::meter::Saving;
 use crate::server::{
     RequestContext, SharedState, prefix_state, read_body, recall_marks, scope, sticky,
@@ -33,7 +34,7 @@ pub const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
 pub enum Entry {
     /// `/v1/chat/completions`: the mode comes from `X-Ctxproxy-Mode` or the config.
     Chat,
-    /// `/v1/ctxproxy/explain`: always the optimized rewrite.
+    /// `/v1/ctxproxy/explain`: always the optimized rewrite, of a chat or a Responses body.
     Explain,
 }
 
@@ -44,6 +45,8 @@ pub struct ChatCall<'a> {
     /// The client's body, as received.
     pub bytes: Bytes,
     pub chat: ChatRequest,
+    /// A Responses API body, read as `chat`: what writing its rewrite back needs.
+    pub responses: Option<Box<responses::Converted>>,
     pub upstream: &'a Arc<Upstream>,
     pub mode: Mode,
     /// Whose caches and conversation state these are (see `scope.rs`).
@@ -93,7 +96,12 @@ impl<'a> ChatCall<'a> {
         bytes: Bytes,
         entry: Entry,
     ) -> Result<ChatCall<'a>, ProxyError> {
-        let chat = ChatRequest::parse(&bytes)?;
+        let (chat, responses) = if entry == Entry::Explain && responses::is_responses_body(&bytes) {
+            let (chat, converted) = responses::to_chat(responses::parse(&bytes)?)?;
+            (chat, Some(Box::new(converted)))
+        } else {
+            (ChatRequest::parse(&bytes)?, None)
+        };
         let upstream = route(state, &chat.model)?;
         let mode = match entry {
             Entry::Chat => mode_of(&parts.headers, state.config.pipeline.mode)?,
@@ -111,6 +119,7 @@ impl<'a> ChatCall<'a> {
             parts,
             bytes,
             chat,
+            responses,
             upstream,
             mode,
             scope,

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{RequestContext, SharedState};
 use crate::error::ProxyError;
+use crate::responses;
 use call::{ChatCall, Entry};
 use call_log::CallLog;
 use send::Looked;
@@ -60,11 +61,19 @@ pub async fn explain(
 ) -> Result<Json<Value>, ProxyError> {
     let (parts, bytes) = call::read(&state, request).await?;
     let call = ChatCall::parse(&state, &context, parts, bytes, Entry::Explain)?;
+    if let Some(converted) = call.responses.as_deref()
+        && !converted.rewritable()
+    {
+        return Ok(Json(passed_through(&call)?));
+    }
     let rewrite = call.run_pipeline().await?.rewrite;
-    let sent = if rewrite.changed() {
-        serde_json::to_value(&rewrite.request)
-    } else {
-        serde_json::from_slice(&call.bytes)
+    let sent = match &call.responses {
+        Some(converted) if rewrite.changed() => Ok(Value::Object(responses::from_chat(
+            converted,
+            &rewrite.request,
+        ))),
+        None if rewrite.changed() => serde_json::to_value(&rewrite.request),
+        _ => serde_json::from_slice(&call.bytes),
     }
     .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let report = rewrite.report;
@@ -78,4 +87,26 @@ pub async fn explain(
         "prefix": report.prefix,
         "stages": report.stages,
     })))
+}
+
+/// Explain's answer for a Responses body the pipeline leaves as it is (see
+/// [`responses::Converted::rewritable`]): the body, and its tokens before and after.
+fn passed_through(call: &ChatCall<'_>) -> Result<Value, ProxyError> {
+    let sent: Value =
+        serde_json::from_slice(&call.bytes).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let counter = call
+        .state
+        .tokenizers
+        .for_model(&call.chat.model, call.upstream.config.tokenizer);
+    let tokens = counter.request(&call.chat);
+    Ok(json!({
+        "request": sent,
+        "tokens_before": tokens,
+        "tokens_after": tokens,
+        "budget": call.budget(),
+        "fits": call.budget().is_none_or(|budget| tokens <= budget),
+        "over_budget": null,
+        "prefix": null,
+        "stages": [],
+    }))
 }
