@@ -1,7 +1,7 @@
 use serde_json::{Value, json};
 
 use crate::openai::{Content, Message, Nullable, Role};
-use crate::responses::{ResponsesBody, from_chat, to_chat};
+use crate::responses::{ResponsesBody, from_chat, reasoning_in_place, to_chat};
 
 fn body(value: Value) -> ResponsesBody {
     match value {
@@ -119,6 +119,21 @@ fn a_kept_call_keeps_its_reasoning_right_before_it() {
     let input = back["input"].as_array().expect("items");
     assert_eq!(input[0], reasoning("rs_1"));
     assert_eq!(input[1]["id"], "fc_1");
+    assert!(reasoning_in_place(&body(agent()), &back));
+}
+
+#[test]
+fn reasoning_moved_or_altered_is_told() {
+    let client = body(agent());
+    let mut moved = client.clone();
+    if let Some(Value::Array(items)) = moved.get_mut("input") {
+        items.swap(1, 0);
+    }
+    assert!(!reasoning_in_place(&client, &moved));
+    let mut altered = client.clone();
+    altered["input"][1]["encrypted_content"] = json!("gAAAAother");
+    assert!(!reasoning_in_place(&client, &altered));
+    assert!(reasoning_in_place(&client, &client));
 }
 
 #[test]

@@ -74,6 +74,31 @@ pub fn is_chained(body: &ResponsesBody) -> bool {
         .any(|key| body.get(*key).is_some_and(|v| !v.is_null()))
 }
 
+/// Whether every reasoning item of `sent` is one of `client`'s, byte for byte, still followed
+/// by the item that followed it there (the upstream refuses a reasoning item without it).
+pub fn reasoning_in_place(client: &ResponsesBody, sent: &ResponsesBody) -> bool {
+    let items = |body: &ResponsesBody| match body.get("input") {
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
+    };
+    let (client, sent) = (items(client), items(sent));
+    let is_reasoning = |item: &Value| item.get("type").and_then(Value::as_str) == Some("reasoning");
+    let followers: Vec<(&Value, Option<&Value>)> = client
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| is_reasoning(item))
+        .map(|(k, item)| (item, client.get(k + 1)))
+        .collect();
+    sent.iter()
+        .enumerate()
+        .filter(|(_, item)| is_reasoning(item))
+        .all(|(k, item)| {
+            followers
+                .iter()
+                .any(|(reasoning, after)| *reasoning == item && *after == sent.get(k + 1))
+        })
+}
+
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ProxyError {
     ProxyError::InvalidField {
         field: field.into(),

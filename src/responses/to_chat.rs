@@ -53,6 +53,11 @@ pub(super) struct Unit {
 }
 
 impl Converted {
+    /// The client's body.
+    pub fn client_body(&self) -> &ResponsesBody {
+        &self.body
+    }
+
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
     /// it keeps valid ([`Converted::pairs_in_order`]). A chained request (`previous_response_id`,
     /// `conversation`) goes as the client wrote it: its history is upstream, and its tool block
