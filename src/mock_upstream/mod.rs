@@ -22,6 +22,7 @@ mod command;
 mod embeddings;
 mod fault;
 mod reply;
+mod responses;
 mod template;
 
 pub use template::SystemMessages;
@@ -72,6 +73,7 @@ fn uniform() -> f64 {
 pub struct MockStats {
     pub requests: AtomicU64,
     pub chat_requests: AtomicU64,
+    pub responses_requests: AtomicU64,
     pub embeddings_requests: AtomicU64,
     pub streams_started: AtomicU64,
     pub streams_completed: AtomicU64,
@@ -105,6 +107,7 @@ impl MockStats {
         json!({
             "requests": Self::get(&self.requests),
             "chat_requests": Self::get(&self.chat_requests),
+            "responses_requests": Self::get(&self.responses_requests),
             "streams_started": Self::get(&self.streams_started),
             "streams_completed": Self::get(&self.streams_completed),
             "streams_cancelled": Self::get(&self.streams_cancelled),
@@ -176,6 +179,13 @@ pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
     };
     let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::not_found).delete(responses::not_found),
+        )
+        .route("/v1/responses/{id}/input_items", get(responses::not_found))
+        .route("/v1/responses/{id}/cancel", post(responses::not_found))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
