@@ -17,6 +17,11 @@
 //! templates that refuse or drop a system message after the first ([`template`]). `usage.prompt_tokens_details.cached_tokens` is what a
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
+//!
+//! `POST /v1/responses` ([`responses`]) is the same model behind OpenAI's Responses API: the
+//! body is read as the chat request it amounts to and answered by the same code, steered by the
+//! same headers, then written as Response output items (reasoning, message, function calls) in
+//! JSON or as the Responses event stream. `GET`/`DELETE /v1/responses/{id}` find nothing.
 
 mod command;
 mod embeddings;
