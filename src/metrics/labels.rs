@@ -27,6 +27,7 @@ label_set! {
     /// `route` of `ctxproxy_requests_total` and `ctxproxy_request_duration_seconds`.
     Route {
         ChatCompletions => "chat_completions",
+        Responses => "responses",
         Explain => "explain",
         Passthrough => "passthrough",
         Healthz => "healthz",

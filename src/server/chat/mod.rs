@@ -1,4 +1,4 @@
-//! `POST /v1/chat/completions` and `POST /v1/ctxproxy/explain`. A chat request goes through its
+//! `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/ctxproxy/explain`. A chat request goes through its
 //! phases in order (ARCHITECTURE.md): read and parse, rewrite, look up the caches, send (with
 //! the guards), relay (with the observers), and every exit, error or not, goes through
 //! [`CallLog::finish`]. Explain runs the first two and returns the rewrite instead.
@@ -27,7 +27,21 @@ pub async fn chat_completions(
     request: Request,
 ) -> Response<Body> {
     let mut log = CallLog::start(&state, &context, request.headers());
-    let response = serve(&state, &context, request, &mut log)
+    let response = serve(&state, &context, request, Entry::Chat, &mut log)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    log.finish(&state, response)
+}
+
+/// `POST /v1/responses`: the same phases, the body read as a chat request and the rewrite
+/// written back as a Responses body (`crate::responses`).
+pub async fn responses(
+    State(state): State<SharedState>,
+    Extension(context): Extension<RequestContext>,
+    request: Request,
+) -> Response<Body> {
+    let mut log = CallLog::start(&state, &context, request.headers());
+    let response = serve(&state, &context, request, Entry::Responses, &mut log)
         .await
         .unwrap_or_else(IntoResponse::into_response);
     log.finish(&state, response)
@@ -37,11 +51,12 @@ async fn serve(
     state: &SharedState,
     context: &RequestContext,
     request: Request,
+    entry: Entry,
     log: &mut CallLog,
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, bytes) = call::read(state, request).await?;
     log.read(&bytes);
-    let call = ChatCall::parse(state, context, parts, bytes, Entry::Chat)?;
+    let call = ChatCall::parse(state, context, parts, bytes, entry)?;
     log.parsed(&call);
     let outgoing = call.rewrite(log).await?;
     let keys = match call.look_up(&outgoing, log).await {
