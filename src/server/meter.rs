@@ -246,7 +246,7 @@ fn usage_of_answer(api: Api, json: &[u8]) -> Option<Usage> {
         Api::Responses => serde_json::from_slice::<WithResponsesUsage>(json)
             .ok()?
             .usage
-            .map(ResponsesUsage::as_chat),
+            .map(ResponsesUsage::into_chat),
     }
 }
 
@@ -268,7 +268,7 @@ fn usage_of_event(api: Api, payload: &str) -> Option<Usage> {
                 .ok()?
                 .response?
                 .usage
-                .map(ResponsesUsage::as_chat)
+                .map(ResponsesUsage::into_chat)
         }
     }
 }
@@ -297,7 +297,7 @@ impl ResponsesUsage {
     /// As chat names it: input tokens are prompt tokens (their cached share in
     /// `prompt_tokens_details`), output tokens completion tokens (reasoning in
     /// `completion_tokens_details`).
-    fn as_chat(self) -> Usage {
+    fn into_chat(self) -> Usage {
         let mut extra = serde_json::Map::new();
         if let Some(details) = self.input_tokens_details {
             extra.insert("prompt_tokens_details".into(), details);
