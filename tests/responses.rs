@@ -141,6 +141,7 @@ async fn a_stream_is_relayed_whole_and_its_usage_counted() {
     let proxy = proxy_for(&mock, "").await;
     let mut body = agent_history(3);
     body["stream"] = json!(true);
+    body["model"] = json!("gpt-5");
     let answer = post(&proxy, &body, &[]).await;
     assert_eq!(answer.status(), 200);
     let text = answer.text().await.unwrap();
@@ -151,6 +152,10 @@ async fn a_stream_is_relayed_whole_and_its_usage_counted() {
         .metric("ctxproxy_usage_tokens_total", &[("kind", "prompt")])
         .await;
     assert!(prompt > 0.0, "usage counted from response.completed");
+    let reasoning = proxy
+        .metric("ctxproxy_usage_tokens_total", &[("kind", "reasoning")])
+        .await;
+    assert!(reasoning > 0.0, "a reasoning model's reasoning tokens");
     let requests = proxy
         .metric("ctxproxy_requests_total", &[("route", "responses")])
         .await;

@@ -128,6 +128,9 @@ label_set! {
         Prompt => "prompt",
         Completion => "completion",
         CachedPrompt => "cached_prompt",
+        /// Of the completion, the reasoning tokens (`completion_tokens_details` on chat,
+        /// `output_tokens_details` on the Responses API).
+        Reasoning => "reasoning",
     }
 }
 

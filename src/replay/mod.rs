@@ -139,8 +139,7 @@ struct Shared {
 
 /// Sends body `index` (cycled) and measures it from `start` (the intended send time).
 async fn send_one(shared: &Shared, index: u64, start: Instant) -> Sample {
-    let (body, streamed, responses) =
-        &shared.bodies[(index % shared.bodies.len() as u64) as usize];
+    let (body, streamed, responses) = &shared.bodies[(index % shared.bodies.len() as u64) as usize];
     let (body, streamed) = match &shared.vary_user {
         Some(run) => (with_user(body, run, index), *streamed),
         None => (body.clone(), *streamed),

@@ -145,11 +145,18 @@ impl ResponseMeter {
                 .with_label_values(&[model, tenant])
                 .inc_by(usd);
         }
+        let reasoning = usage
+            .extra
+            .get("completion_tokens_details")
+            .and_then(|d| d.get("reasoning_tokens"))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
         let tokens = &metrics.usage_tokens;
         for (kind, n) in [
             (UsageKind::Prompt, usage.prompt_tokens),
             (UsageKind::Completion, usage.completion_tokens),
             (UsageKind::CachedPrompt, cached),
+            (UsageKind::Reasoning, reasoning),
         ] {
             tokens
                 .with_label_values(&[kind.as_str(), model, tenant])
