@@ -342,7 +342,9 @@ where
 
 /// A chat stream that stopped without a finish reason or `[DONE]`.
 #[derive(Debug, thiserror::Error)]
-#[error("the stream ended before its end (no finish reason and no [DONE])")]
+#[error(
+    "the stream ended before its end (no finish reason and no [DONE]; on the Responses API, no response.completed)"
+)]
 pub struct EndedEarly;
 
 /// A chat stream that carried an error event: the client was told (the event's code and
@@ -370,6 +372,16 @@ impl<B> CheckedEnd<B> {
             inner: Some(Box::pin(inner)),
             progress: StreamProgress::default(),
             usage_asked,
+        }
+    }
+
+    /// The same for a Responses API stream: `response.completed` or `response.incomplete` ends
+    /// it complete.
+    pub fn responses(inner: B) -> Self {
+        CheckedEnd {
+            inner: Some(Box::pin(inner)),
+            progress: StreamProgress::responses(),
+            usage_asked: false,
         }
     }
 }

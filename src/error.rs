@@ -164,6 +164,17 @@ impl ProxyError {
         Bytes::from(format!("data: {body}\n\n"))
     }
 
+    /// The error as the event that ends a Responses API stream (`event: error`).
+    pub fn responses_sse_event(&self) -> Bytes {
+        let event = serde_json::json!({
+            "type": "error",
+            "code": self.code(),
+            "message": self.to_string(),
+            "param": self.param(),
+        });
+        Bytes::from(format!("event: error\ndata: {event}\n\n"))
+    }
+
     /// Maps a JSON parse failure of a request body to the right 400.
     pub fn from_json(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
         let path = err.path().to_string();

@@ -20,6 +20,7 @@ pub mod openai; // lossless wire types and SSE parsing
 pub mod pipeline; // the rewriting stages (pure)
 pub mod record; // recorded exchanges: sampling, bounded queue, rotating JSONL writer
 pub mod replay; // `ctxproxy replay`: recorded traffic as a load test, and its report
+pub mod responses; // the Responses API as the pipeline's chat model and back
 pub mod server; // routes, middleware, handlers, shutdown
 pub mod store; // Redis / in-memory key-value store with breaker and fallback
 pub mod synthetic; // generated conversations for benchmarks and the growth report

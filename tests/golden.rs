@@ -10,6 +10,7 @@
 
 use ctxproxy::openai::ChatRequest;
 use ctxproxy::pipeline::{self, Memo, PipelineConfig};
+use ctxproxy::responses;
 use ctxproxy::tokens::{Encoding, TokenCounter};
 use serde_json::{Value, json};
 
@@ -35,6 +36,47 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
         },
     );
     json!({"report": rewrite.report, "request": rewrite.request})
+}
+
+/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten as the
+/// `/v1/responses` route does (tools whole, no recall tool), and written back.
+fn rewrite_responses(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/responses/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let body = fixture["request"].as_object().unwrap().clone();
+    let (chat, converted) = responses::to_chat(body).unwrap();
+    let budget = fixture["budget"].as_u64().unwrap() as usize;
+    let config = ctxproxy::upstream::responses_pipeline(&whole());
+    let counter = TokenCounter::new(Encoding::O200kBase);
+    let rewrite = pipeline::run(
+        &chat,
+        &pipeline::Env {
+            config: &config,
+            counter: &counter,
+            memo: &Memo::default(),
+            budget,
+            sticky_categories: &[],
+            reinforcement: None,
+            remembered: None,
+        },
+    );
+    let sent = responses::from_chat(&converted, &rewrite.request);
+    assert!(responses::reasoning_in_place(
+        converted.client_body(),
+        &sent
+    ));
+    json!({"report": rewrite.report, "compacted_items": converted.compacted_items, "request": sent})
+}
+
+#[test]
+fn responses_agent_reasoning() {
+    insta::assert_json_snapshot!(
+        "responses_agent_reasoning",
+        rewrite_responses("agent_reasoning")
+    );
 }
 
 /// Every request rewritten whole, and every tool block filtered (the fixtures' are small), with

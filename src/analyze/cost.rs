@@ -18,8 +18,9 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use super::LineRequest;
 use crate::bill::cached_of;
 use crate::config::Config;
 use crate::openai::ChatRequest;
@@ -99,6 +100,10 @@ pub fn render_prompt(request: &Value) -> String {
         out.push_str(&compact(tool));
         out.push('\n');
     }
+    if request.get("input").is_some() && request.get("messages").is_none() {
+        render_items(request, &mut out);
+        return out;
+    }
     for message in request["messages"].as_array().into_iter().flatten() {
         out.push_str("<|");
         match &message["role"] {
@@ -124,6 +129,52 @@ pub fn render_prompt(request: &Value) -> String {
         }
     }
     out
+}
+
+/// A Responses body after its tools: `instructions` as a system message, then each input item:
+/// a message as `<|role|>` and its text (the string, or the compact JSON of its parts), a
+/// `function_call_output` as `<|tool|>`, its output and its call id, any other item as its
+/// compact JSON.
+fn render_items(request: &Value, out: &mut String) {
+    if let Some(Value::String(instructions)) = request.get("instructions")
+        && !instructions.is_empty()
+    {
+        out.push_str("<|system|>");
+        out.push_str(instructions);
+    }
+    let text = |value: &Value| match value {
+        Value::String(text) => text.clone(),
+        other => compact(other),
+    };
+    let items = match &request["input"] {
+        Value::String(text) => vec![json!({"role": "user", "content": text})],
+        Value::Array(items) => items.clone(),
+        _ => Vec::new(),
+    };
+    for item in &items {
+        let kind = match item.get("type").and_then(Value::as_str) {
+            None if item.get("role").is_some() => "message",
+            kind => kind.unwrap_or(""),
+        };
+        match kind {
+            "message" => {
+                out.push_str("<|");
+                out.push_str(item["role"].as_str().unwrap_or_default());
+                out.push_str("|>");
+                out.push_str(&text(&item["content"]));
+            }
+            "function_call_output" => {
+                out.push_str("<|tool|>");
+                out.push_str(&text(&item["output"]));
+                out.push_str(&match &item["call_id"] {
+                    Value::String(id) => id.clone(),
+                    Value::Null => "None".into(),
+                    other => compact(other),
+                });
+            }
+            _ => out.push_str(&compact(item)),
+        }
+    }
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -227,9 +278,10 @@ pub fn cost(
         let Ok(body) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
-        let Ok(request) = serde_json::from_value::<ChatRequest>(body.clone()) else {
+        let Some(line_request) = LineRequest::of(body.clone()) else {
             continue;
         };
+        let request = &line_request.chat;
         let meta_value = meta_line
             .as_deref()
             .and_then(|l| serde_json::from_str::<Value>(l).ok())
@@ -252,7 +304,7 @@ pub fn cost(
         }
         // As explain would: the previous tool turn's categories stand in for the store's.
         let pipeline_config = config.pipeline_for_model(&request.model);
-        let sticky = pipeline::tools::previous_turn_categories(&request, pipeline_config, &memo);
+        let sticky = pipeline::tools::previous_turn_categories(request, pipeline_config, &memo);
         let env = pipeline::Env {
             config: pipeline_config,
             counter: tokenizers.for_model(&request.model, None),
@@ -262,7 +314,7 @@ pub fn cost(
             reinforcement: None,
             remembered: None,
         };
-        let rewrite = pipeline::run(&request, &env);
+        let rewrite = pipeline::run(request, &env);
         if !rewrite.report.fits {
             report.over_budget += 1;
         }
@@ -274,7 +326,7 @@ pub fn cost(
             *report.rebuilt.entry(name).or_default() += 1;
         }
         let sent = if rewrite.changed() {
-            serde_json::to_value(&rewrite.request).unwrap_or(Value::Null)
+            line_request.body_of(&rewrite.request)
         } else {
             body.clone()
         };
@@ -282,16 +334,13 @@ pub fn cost(
         rewritten.add(&conversation, &sent, price);
         without_reasks.add(&conversation, &sent, price);
         let definitions = env.config.tools.definitions;
-        if let Some(reask) = reasked(&request, &rewrite.request, &called, definitions) {
-            rewritten.add(&conversation, &reask, price);
+        if let Some(reask) = reasked(request, &rewrite.request, &called, definitions) {
+            rewritten.add(&conversation, &line_request.body_of(&reask), price);
             report.reasks += 1;
         }
-        let stages = pipeline::stage_snapshots(&request, &env)
+        let stages = pipeline::stage_snapshots(request, &env)
             .into_iter()
-            .map(|(name, r)| {
-                let value = serde_json::to_value(&r).unwrap_or(Value::Null);
-                (name.as_str(), render_prompt(&value))
-            })
+            .map(|(name, r)| (name.as_str(), render_prompt(&line_request.body_of(&r))))
             .collect();
         if let Some(stage) = previous.changed_by(
             &conversation,
@@ -320,7 +369,7 @@ fn reasked(
     sent: &ChatRequest,
     called: &[String],
     definitions: Definitions,
-) -> Option<Value> {
+) -> Option<ChatRequest> {
     let (Some(client_tools), Some(tools)) = (client.tools.get(), sent.tools.get()) else {
         return None;
     };
@@ -333,7 +382,7 @@ fn reasked(
     if stubs.is_empty() {
         return None;
     }
-    serde_json::to_value(inline::reask(sent, client_tools, &stubs, definitions)).ok()
+    Some(inline::reask(sent, client_tools, &stubs, definitions))
 }
 
 /// `1234567` as `1,234,567`.

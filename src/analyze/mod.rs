@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::openai::{ChatRequest, Role};
 use crate::pipeline::tools::inline::{self, undefined_stubs};
 use crate::pipeline::{self, StageName};
+use crate::responses;
 use crate::tokens::Tokenizers;
 use fidelity::LossKind;
 
@@ -112,15 +113,62 @@ impl Percentiles {
     }
 }
 
+/// A line's request as the pipeline reads it: a chat body, or a Responses API body read as one
+/// (with what writing its rewrite back needs).
+pub(crate) struct LineRequest {
+    pub chat: ChatRequest,
+    pub responses: Option<responses::Converted>,
+}
+
+impl LineRequest {
+    /// The request of a JSON body of either API; `None` when it is neither, or is a Responses
+    /// body the pipeline leaves as it is (`Converted::rewritable`).
+    pub fn of(body: Value) -> Option<LineRequest> {
+        let is_responses = body.get("input").is_some() && body.get("messages").is_none();
+        if !is_responses {
+            return Some(LineRequest {
+                chat: serde_json::from_value(body).ok()?,
+                responses: None,
+            });
+        }
+        let Value::Object(body) = body else {
+            return None;
+        };
+        let (chat, converted) = responses::to_chat(body).ok()?;
+        converted.rewritable().then_some(LineRequest {
+            chat,
+            responses: Some(converted),
+        })
+    }
+
+    /// The body that sends `rewritten`, in the line's own API.
+    pub fn body_of(&self, rewritten: &ChatRequest) -> Value {
+        match &self.responses {
+            Some(converted) => Value::Object(responses::from_chat(converted, rewritten)),
+            None => serde_json::to_value(rewritten).unwrap_or(Value::Null),
+        }
+    }
+
+    /// Whether a rewrite keeps every reasoning item where the upstream needs it (always true of
+    /// a chat body).
+    fn reasoning_in_place(&self, rewritten: &ChatRequest) -> bool {
+        let Some(converted) = &self.responses else {
+            return true;
+        };
+        let sent = responses::from_chat(converted, rewritten);
+        responses::reasoning_in_place(converted.client_body(), &sent)
+    }
+}
+
 /// The request of a line (a body, or a recording's `request`), and the recording's answer.
-fn request_of(line: &str) -> Option<(ChatRequest, Option<fidelity::Answer>)> {
+fn request_of(line: &str) -> Option<(LineRequest, Option<fidelity::Answer>)> {
     let value: Value = serde_json::from_str(line).ok()?;
     match value.get("request") {
         Some(inner) if inner.is_object() => Some((
-            serde_json::from_value(inner.clone()).ok()?,
+            LineRequest::of(inner.clone())?,
             fidelity::Answer::from_recording(&value),
         )),
-        _ => Some((serde_json::from_value(value).ok()?, None)),
+        _ => Some((LineRequest::of(value)?, None)),
     }
 }
 
@@ -169,10 +217,11 @@ pub fn analyze(
         if line.trim().is_empty() {
             continue;
         }
-        let Some((request, recorded)) = request_of(&line) else {
+        let Some((line_request, recorded)) = request_of(&line) else {
             analysis.skipped_lines += 1;
             continue;
         };
+        let request = &line_request.chat;
         let meta_value = meta_line
             .as_deref()
             .and_then(|l| serde_json::from_str::<Value>(l).ok());
@@ -181,7 +230,7 @@ pub fn analyze(
         let started = Instant::now();
         // The store would hold the categories of the previous turn's tools.
         let pipeline_config = config.pipeline_for_model(&request.model);
-        let sticky = pipeline::tools::previous_turn_categories(&request, pipeline_config, &memo);
+        let sticky = pipeline::tools::previous_turn_categories(request, pipeline_config, &memo);
         let env = pipeline::Env {
             config: pipeline_config,
             counter,
@@ -191,20 +240,23 @@ pub fn analyze(
             reinforcement: None,
             remembered: None,
         };
-        let rewrite = pipeline::run(&request, &env);
+        let rewrite = pipeline::run(request, &env);
         micros.push(started.elapsed().as_secs_f64() * 1e6);
         analysis
             .fidelity
-            .measure(index as u64, &request, &rewrite, answer.as_ref(), &|| {
-                pipeline::stage_snapshots(&request, &env)
+            .measure(index as u64, request, &rewrite, answer.as_ref(), &|| {
+                pipeline::stage_snapshots(request, &env)
             });
+        if !line_request.reasoning_in_place(&rewrite.request) {
+            analysis.fidelity.invalid += 1;
+        }
         let report = &rewrite.report;
         analysis.requests += 1;
         analysis.tokens_before += report.tokens_before as u64;
         analysis.tokens_after += report.tokens_after as u64;
         // History after the rewrite excludes the proxy's summary/facts sections in the system
         // message; count them by the system message's growth.
-        let (system_before, history_before) = prompt_split(&request, tokenizers);
+        let (system_before, history_before) = prompt_split(request, tokenizers);
         let (system_after, history_after) = prompt_split(&rewrite.request, tokenizers);
         let history_after = history_after + system_after.saturating_sub(system_before);
         analysis.history_tokens_before += history_before;
@@ -262,7 +314,7 @@ pub fn analyze(
             let tokens =
                 |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice)) as u64;
             tools.requests_10_plus_tools += 1;
-            tools.tool_tokens_before_10_plus += tokens(&request);
+            tools.tool_tokens_before_10_plus += tokens(request);
             // Definitions placed in the messages are tool definitions too.
             let placed: usize = inline::definition_messages(&rewrite.request.messages)
                 .map(|(m, _)| counter.message(m))

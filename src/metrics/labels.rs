@@ -27,6 +27,7 @@ label_set! {
     /// `route` of `ctxproxy_requests_total` and `ctxproxy_request_duration_seconds`.
     Route {
         ChatCompletions => "chat_completions",
+        Responses => "responses",
         Explain => "explain",
         Passthrough => "passthrough",
         Healthz => "healthz",
@@ -127,6 +128,9 @@ label_set! {
         Prompt => "prompt",
         Completion => "completion",
         CachedPrompt => "cached_prompt",
+        /// Of the completion, the reasoning tokens (`completion_tokens_details` on chat,
+        /// `output_tokens_details` on the Responses API).
+        Reasoning => "reasoning",
     }
 }
 

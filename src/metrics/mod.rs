@@ -290,7 +290,7 @@ impl Metrics {
             )?,
             usage_tokens: r.counters(
                 "ctxproxy_usage_tokens_total",
-                "Tokens the upstream reported in `usage` (streams included): kind=prompt|completion|cached_prompt.",
+                "Tokens the upstream reported in `usage` (streams included; chat and Responses API): kind=prompt|completion|cached_prompt|reasoning.",
                 &["kind", "model", "tenant"],
             )?,
             cost_saved_usd: r.dollars(

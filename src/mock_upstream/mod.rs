@@ -17,11 +17,17 @@
 //! templates that refuse or drop a system message after the first ([`template`]). `usage.prompt_tokens_details.cached_tokens` is what a
 //! provider's prompt cache would serve: the common prefix with the conversation's previous
 //! request. It stores nothing; `/mock/stats` exposes counters.
+//!
+//! `POST /v1/responses` ([`responses`]) is the same model behind OpenAI's Responses API: the
+//! body is read as the chat request it amounts to and answered by the same code, steered by the
+//! same headers, then written as Response output items (reasoning, message, function calls) in
+//! JSON or as the Responses event stream. `GET`/`DELETE /v1/responses/{id}` find nothing.
 
 mod command;
 mod embeddings;
 mod fault;
 mod reply;
+mod responses;
 mod template;
 
 pub use template::SystemMessages;
@@ -72,6 +78,7 @@ fn uniform() -> f64 {
 pub struct MockStats {
     pub requests: AtomicU64,
     pub chat_requests: AtomicU64,
+    pub responses_requests: AtomicU64,
     pub embeddings_requests: AtomicU64,
     pub streams_started: AtomicU64,
     pub streams_completed: AtomicU64,
@@ -105,6 +112,7 @@ impl MockStats {
         json!({
             "requests": Self::get(&self.requests),
             "chat_requests": Self::get(&self.chat_requests),
+            "responses_requests": Self::get(&self.responses_requests),
             "streams_started": Self::get(&self.streams_started),
             "streams_completed": Self::get(&self.streams_completed),
             "streams_cancelled": Self::get(&self.streams_cancelled),
@@ -124,23 +132,10 @@ struct MockState {
 const MAX_CONVERSATIONS: usize = 10_000;
 
 impl MockState {
-    /// A provider's prompt cache: the prompt's common prefix with the previous request of the
-    /// same conversation (`X-Conversation-Id`, else its first user message), at ~4 bytes a
-    /// token, none under 1,024 tokens, else in steps of 128 (OpenAI's rule).
-    fn cached_tokens(&self, headers: &HeaderMap, request: &ChatRequest, prompt_tokens: u64) -> u64 {
-        let conversation = header_str(headers, "x-conversation-id")
-            .map(str::to_owned)
-            .unwrap_or_else(|| {
-                request
-                    .messages
-                    .iter()
-                    .find(|m| m.role == crate::openai::Role::User)
-                    .and_then(|m| m.content.get())
-                    .map(|c| c.text().into_owned())
-                    .unwrap_or_default()
-            });
-        let prompt =
-            serde_json::to_vec(&(request.tools.get(), &request.messages)).unwrap_or_default();
+    /// A provider's prompt cache: `prompt`'s common prefix with the previous prompt of the same
+    /// `conversation`, at ~4 bytes a token, none under 1,024 tokens, else in steps of 128
+    /// (OpenAI's rule), at most `prompt_tokens`.
+    fn cached_tokens(&self, conversation: String, prompt: Vec<u8>, prompt_tokens: u64) -> u64 {
         let Ok(mut prompts) = self.prompts.lock() else {
             return 0;
         };
@@ -164,6 +159,22 @@ impl MockState {
     }
 }
 
+/// The conversation a request belongs to, for `cached_tokens`: `X-Conversation-Id`, else its
+/// first user message.
+fn conversation_of(headers: &HeaderMap, request: &ChatRequest) -> String {
+    header_str(headers, "x-conversation-id")
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            request
+                .messages
+                .iter()
+                .find(|m| m.role == crate::openai::Role::User)
+                .and_then(|m| m.content.get())
+                .map(|c| c.text().into_owned())
+                .unwrap_or_default()
+        })
+}
+
 pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
     let stats = Arc::new(MockStats::default());
     let state = MockState {
@@ -173,6 +184,13 @@ pub fn router(options: MockOptions) -> (Router, Arc<MockStats>) {
     };
     let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::not_found).delete(responses::not_found),
+        )
+        .route("/v1/responses/{id}/input_items", get(responses::not_found))
+        .route("/v1/responses/{id}/cancel", post(responses::not_found))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
@@ -256,63 +274,127 @@ async fn chat_completions(
         Ok(request) => request,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_json"),
     };
-    if let Some(status) = header_str(&headers, "x-mock-follow-up-status")
+    let (request, faults) = match admit(&state, &headers, request) {
+        Ok(admitted) => admitted,
+        Err(not_answered) => return not_answered.into_response(),
+    };
+    let mut reply = steered_reply(&request, &body, &headers);
+    let prompt = serde_json::to_vec(&(request.tools.get(), &request.messages)).unwrap_or_default();
+    reply.cached_tokens = state.cached_tokens(
+        conversation_of(&headers, &request),
+        prompt,
+        reply.prompt_tokens,
+    );
+    if request.is_stream() {
+        let events = stream_events(&reply, request.include_usage());
+        return stream_response(&state, events, faults.fault);
+    }
+    let mut completion = completion_json(&reply);
+    if header_str(&headers, "x-mock-echo") == Some("1") {
+        completion["mock_echo"] = echo(&body, &headers);
+    }
+    json_answer(completion, faults.fault)
+}
+
+/// What the headers do to a parsed request before it is answered: `X-Mock-Follow-Up-Status`
+/// fails it, the chat template (`X-Mock-System-Messages`) refuses it or drops its later system
+/// messages, `X-Mock-Invalid-Json` answers it with a broken body; else the request the model
+/// reads and the faults its answer will have.
+fn admit(
+    state: &MockState,
+    headers: &HeaderMap,
+    request: ChatRequest,
+) -> Result<(ChatRequest, fault::Faults), NotAnswered> {
+    if let Some(status) = header_str(headers, "x-mock-follow-up-status")
         .and_then(|v| v.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         && is_follow_up(&request)
     {
-        return error_response(
-            status,
-            "mock failure of a follow-up request",
-            "mock_follow_up",
-        );
+        return Err(NotAnswered::FollowUp(status));
     }
     let template = SystemMessages::from_header(
-        header_str(&headers, "x-mock-system-messages"),
+        header_str(headers, "x-mock-system-messages"),
         state.options.system_messages,
     );
-    let request = match template.render(request) {
-        Ok(request) => request,
-        Err(refusal) => return error_response(StatusCode::BAD_REQUEST, refusal, "BadRequestError"),
-    };
-    let faults = fault::Faults::of(&headers, &request);
+    let request = template.render(request).map_err(NotAnswered::Refused)?;
+    let faults = fault::Faults::of(headers, &request);
     if faults.invalid_json {
-        return fault::invalid_json();
+        return Err(NotAnswered::InvalidJson);
     }
-    let mut reply = reply_for(&request, &body, header_str(&headers, "x-mock-tool-call"));
-    if let Some(text) = header_str(&headers, "x-mock-reply") {
-        let overlap = header_str(&headers, "x-mock-overlap")
+    Ok((request, faults))
+}
+
+/// Why [`admit`] gives no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotAnswered {
+    /// `X-Mock-Follow-Up-Status` on a follow-up request.
+    FollowUp(StatusCode),
+    /// The chat template's refusal.
+    Refused(&'static str),
+    /// `X-Mock-Invalid-Json`.
+    InvalidJson,
+}
+
+impl IntoResponse for NotAnswered {
+    fn into_response(self) -> Response {
+        match self {
+            NotAnswered::FollowUp(status) => error_response(
+                status,
+                "mock failure of a follow-up request",
+                "mock_follow_up",
+            ),
+            NotAnswered::Refused(refusal) => {
+                error_response(StatusCode::BAD_REQUEST, refusal, "BadRequestError")
+            }
+            NotAnswered::InvalidJson => fault::invalid_json(),
+        }
+    }
+}
+
+/// The answer to `request` as the headers steer it (`X-Mock-Tool-Call`, `-Reply`, `-Overlap`,
+/// `-Recall`, `-Preamble`, `-Reply-Repeat`), cut at the request's output limit.
+fn steered_reply(request: &ChatRequest, body: &[u8], headers: &HeaderMap) -> Reply {
+    let mut reply = reply_for(request, body, header_str(headers, "x-mock-tool-call"));
+    if let Some(text) = header_str(headers, "x-mock-reply") {
+        let overlap = header_str(headers, "x-mock-overlap")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        reply = reply::scripted(reply, &request, text, overlap);
+        reply = reply::scripted(reply, request, text, overlap);
     }
-    if let Some(wanted) = header_str(&headers, "x-mock-recall") {
-        reply = reply::recalling(reply, &request, wanted);
+    if let Some(wanted) = header_str(headers, "x-mock-recall") {
+        reply = reply::recalling(reply, request, wanted);
     }
-    if let Some(text) = header_str(&headers, "x-mock-preamble") {
+    if let Some(text) = header_str(headers, "x-mock-preamble") {
         reply = reply::with_preamble(reply, text);
     }
-    if let Some(times) = header_str(&headers, "x-mock-reply-repeat").and_then(|v| v.parse().ok()) {
+    if let Some(times) = header_str(headers, "x-mock-reply-repeat").and_then(|v| v.parse().ok()) {
         reply = reply::repeated(reply, times);
     }
-    let mut reply = reply::limited(reply, &request);
-    reply.cached_tokens = state.cached_tokens(&headers, &request, reply.prompt_tokens);
-    if request.is_stream() {
-        return stream_reply(&state, reply, request.include_usage(), faults.fault);
+    reply::limited(reply, request)
+}
+
+/// `X-Mock-Echo: 1`: the body and headers the mock received.
+fn echo(body: &[u8], headers: &HeaderMap) -> Value {
+    let received: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let echoed_headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap_or(""))))
+        .collect();
+    json!({"body": received, "headers": echoed_headers})
+}
+
+/// A JSON answer, failing after its first half when a fault is asked for.
+fn json_answer(answer: Value, fault: Option<fault::Fault>) -> Response {
+    match fault {
+        Some(fault) => fault::failing_json(answer.to_string().into_bytes(), fault),
+        None => axum::Json(answer).into_response(),
     }
-    let mut completion = completion_json(&reply);
-    if header_str(&headers, "x-mock-echo") == Some("1") {
-        let received: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        let echoed_headers: serde_json::Map<String, Value> = headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap_or(""))))
-            .collect();
-        completion["mock_echo"] = json!({"body": received, "headers": echoed_headers});
-    }
-    match faults.fault {
-        Some(fault) => fault::failing_json(completion.to_string().into_bytes(), fault),
-        None => axum::Json(completion).into_response(),
-    }
+}
+
+/// A tool call's arguments as a model streams them: 8 characters at a time.
+fn argument_chunks(arguments: &str) -> Vec<String> {
+    let chars: Vec<char> = arguments.chars().collect();
+    chars.chunks(8).map(|part| part.iter().collect()).collect()
 }
 
 /// A request that follows up an answer: an assistant message, then a user or system message.
@@ -367,9 +449,7 @@ fn stream_events(reply: &Reply, include_usage: bool) -> Vec<String> {
                    "function": {"name": call.name, "arguments": ""}}]}),
             Value::Null,
         ));
-        let chars: Vec<char> = call.arguments.chars().collect();
-        for part in chars.chunks(8) {
-            let text: String = part.iter().collect();
+        for text in argument_chunks(&call.arguments) {
             events.push(chunk(
                 json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]}),
                 Value::Null,
@@ -389,13 +469,12 @@ fn stream_events(reply: &Reply, include_usage: bool) -> Vec<String> {
     lines
 }
 
-fn stream_reply(
+/// `events` as a `text/event-stream` body, paced by `--tokens-per-sec`, failing as `fault` says.
+fn stream_response(
     state: &MockState,
-    reply: Reply,
-    include_usage: bool,
+    events: Vec<String>,
     fault: Option<fault::Fault>,
 ) -> Response {
-    let events = stream_events(&reply, include_usage);
     let pause = state
         .options
         .tokens_per_sec

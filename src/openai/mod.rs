@@ -19,6 +19,16 @@ pub use request::{
 pub use response::{ChatCompletion, Choice, Usage};
 pub use stream::{ChatCompletionChunk, ChunkChoice, Delta, FunctionCallDelta, ToolCallDelta};
 
+/// Which OpenAI API a request or an answer speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `/v1/responses`.
+    Responses,
+}
+
 /// Unknown fields, kept in the order the sender wrote them.
 pub type Extra = serde_json::Map<String, serde_json::Value>;
 

@@ -171,9 +171,13 @@ struct ChoiceEnd {
     finish_reason: Option<IgnoredAny>,
 }
 
-/// Watches the events of a chat completion stream, one at a time, for how it ends.
+/// Watches the events of a chat completion stream (or, [`StreamProgress::responses`], of a
+/// Responses API stream), one at a time, for how it ends.
 #[derive(Debug, Default)]
 pub struct StreamProgress {
+    /// A Responses API stream: `response.completed` or `response.incomplete` ends it,
+    /// `response.failed` and `error` say it failed.
+    responses: bool,
     done: bool,
     /// The choices seen, by index: whether each finished.
     choices: BTreeMap<u32, bool>,
@@ -183,10 +187,22 @@ pub struct StreamProgress {
 }
 
 impl StreamProgress {
+    /// The progress of a Responses API stream.
+    pub fn responses() -> StreamProgress {
+        StreamProgress {
+            responses: true,
+            ..StreamProgress::default()
+        }
+    }
+
     pub fn see(&mut self, event: &[u8]) {
         let Some(data) = event_data(event) else {
             return;
         };
+        if self.responses {
+            self.see_responses_event(&data);
+            return;
+        }
         if is_done(&data) {
             self.done = true;
             return;
@@ -200,6 +216,48 @@ impl StreamProgress {
         self.usage |= chunk.usage.is_some();
         for choice in chunk.choices.into_iter().flatten() {
             *self.choices.entry(choice.index).or_default() |= choice.finish_reason.is_some();
+        }
+    }
+
+    fn see_responses_event(&mut self, data: &str) {
+        #[derive(Deserialize)]
+        struct Event {
+            #[serde(rename = "type")]
+            kind: String,
+            code: Option<serde_json::Value>,
+            message: Option<serde_json::Value>,
+            response: Option<serde_json::Value>,
+        }
+        let Ok(event) = serde_json::from_str::<Event>(data) else {
+            return;
+        };
+        match event.kind.as_str() {
+            "response.completed" | "response.incomplete" => self.done = true,
+            "response.failed" => {
+                let error = event.response.as_ref().and_then(|r| r.get("error"));
+                let text = |key: &str| error.and_then(|e| e.get(key)).and_then(|v| v.as_str());
+                self.failed.get_or_insert_with(|| {
+                    format!(
+                        "{}: {}",
+                        text("code").unwrap_or("failed"),
+                        text("message").unwrap_or("")
+                    )
+                });
+            }
+            "error" => {
+                let text = |v: &Option<serde_json::Value>| {
+                    v.as_ref().and_then(|v| v.as_str()).unwrap_or("").to_owned()
+                };
+                let code = Some(text(&event.code)).filter(|c| !c.is_empty());
+                self.failed.get_or_insert_with(|| {
+                    format!(
+                        "{}: {}",
+                        code.as_deref().unwrap_or("error"),
+                        text(&event.message)
+                    )
+                });
+            }
+            _ => {}
         }
     }
 

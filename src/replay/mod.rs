@@ -77,6 +77,18 @@ pub fn chat_url(target: &str) -> String {
     }
 }
 
+/// The Responses API URL of a target (given as its base, or as its chat completions URL).
+pub fn responses_url(target: &str) -> String {
+    let chat = chat_url(target);
+    let base = chat.strip_suffix("/chat/completions").unwrap_or(&chat);
+    format!("{base}/responses")
+}
+
+/// Whether a body is a Responses API body (`input`, no `messages`): sent to `/v1/responses`.
+fn is_responses(body: &Value) -> bool {
+    body.get("input").is_some() && body.get("messages").is_none()
+}
+
 /// A request body as this run sends it, and whether it streams.
 fn prepared(body: &Value, stream: StreamMode, vary_user: bool) -> (bytes::Bytes, bool) {
     let mut body = body.clone();
@@ -114,9 +126,11 @@ fn with_user(body: &[u8], run: &str, index: u64) -> bytes::Bytes {
 struct Shared {
     client: HttpClient,
     url: String,
+    /// Where Responses API bodies go.
+    responses_url: String,
     headers: Vec<(HeaderName, HeaderValue)>,
-    /// Each body as sent, and whether it streams.
-    bodies: Vec<(bytes::Bytes, bool)>,
+    /// Each body as sent, whether it streams, and whether it is a Responses API body.
+    bodies: Vec<(bytes::Bytes, bool, bool)>,
     /// With `vary_user`: this run's id, so that runs never share a user.
     vary_user: Option<String>,
     timeout: Duration,
@@ -125,14 +139,19 @@ struct Shared {
 
 /// Sends body `index` (cycled) and measures it from `start` (the intended send time).
 async fn send_one(shared: &Shared, index: u64, start: Instant) -> Sample {
-    let (body, streamed) = &shared.bodies[(index % shared.bodies.len() as u64) as usize];
+    let (body, streamed, responses) = &shared.bodies[(index % shared.bodies.len() as u64) as usize];
     let (body, streamed) = match &shared.vary_user {
         Some(run) => (with_user(body, run, index), *streamed),
         None => (body.clone(), *streamed),
     };
+    let url = if *responses {
+        &shared.responses_url
+    } else {
+        &shared.url
+    };
     let mut builder = Request::builder()
         .method(Method::POST)
-        .uri(shared.url.as_str())
+        .uri(url.as_str())
         .header(header::CONTENT_TYPE, "application/json");
     for (name, value) in &shared.headers {
         builder = builder.header(name, value);
@@ -217,10 +236,14 @@ pub async fn run(options: &Options, requests: &[Recorded]) -> Result<Report, Str
     let shared = Arc::new(Shared {
         client: http_client(Duration::from_secs(5), Duration::from_secs(90), 1024),
         url: chat_url(&options.target),
+        responses_url: responses_url(&options.target),
         headers,
         bodies: requests
             .iter()
-            .map(|r| prepared(&r.body, options.stream, options.vary_user))
+            .map(|r| {
+                let (body, streamed) = prepared(&r.body, options.stream, options.vary_user);
+                (body, streamed, is_responses(&r.body))
+            })
             .collect(),
         vary_user: options.vary_user.then(|| {
             let id = uuid::Uuid::new_v4().simple().to_string();
@@ -298,6 +321,11 @@ mod tests {
     #[test]
     fn targets_and_stream_modes() {
         assert_eq!(chat_url("http://h:1"), "http://h:1/v1/chat/completions");
+        assert_eq!(responses_url("http://h:1"), "http://h:1/v1/responses");
+        assert_eq!(
+            responses_url("http://h:1/v1/chat/completions"),
+            "http://h:1/v1/responses"
+        );
         assert_eq!(chat_url("http://h:1/v1/"), "http://h:1/v1/chat/completions");
         assert_eq!(
             chat_url("http://h:1/v1/chat/completions"),

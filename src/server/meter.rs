@@ -17,7 +17,7 @@ use crate::config::ModelPrice;
 use crate::guards::expand::EXPANDED_COMMENT;
 use crate::metrics::{ChatLabels, SavingSource, TokenPhase, UsageKind};
 use crate::openai::sse::event_data;
-use crate::openai::{Nullable, Usage, with_first_field};
+use crate::openai::{Api, Nullable, Usage, with_first_field};
 
 /// The largest non-streamed answer read for its usage.
 const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
@@ -57,6 +57,8 @@ pub struct ResponseMeter {
     /// The answer called stubs and was asked again (a stream says so in its comment): its
     /// usage sums every call's prompt.
     expanded: bool,
+    /// Which API the answer speaks: where its usage is and what it is called.
+    api: Api,
 }
 
 impl ResponseMeter {
@@ -79,7 +81,14 @@ impl ResponseMeter {
             stream_usage: None,
             sent_tokens: None,
             expanded: false,
+            api: Api::Chat,
         }
+    }
+
+    /// Reads the usage of an answer of `api`.
+    pub fn for_api(mut self, api: Api) -> ResponseMeter {
+        self.api = api;
+        self
     }
 
     /// Prices the answer (`ctxproxy_cost_usd_total`) when its usage arrives.
@@ -136,11 +145,18 @@ impl ResponseMeter {
                 .with_label_values(&[model, tenant])
                 .inc_by(usd);
         }
+        let reasoning = usage
+            .extra
+            .get("completion_tokens_details")
+            .and_then(|d| d.get("reasoning_tokens"))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
         let tokens = &metrics.usage_tokens;
         for (kind, n) in [
             (UsageKind::Prompt, usage.prompt_tokens),
             (UsageKind::Completion, usage.completion_tokens),
             (UsageKind::CachedPrompt, cached),
+            (UsageKind::Reasoning, reasoning),
         ] {
             tokens
                 .with_label_values(&[kind.as_str(), model, tenant])
@@ -206,10 +222,9 @@ impl BodyObserver for ResponseMeter {
         }
         if memmem::find(data, b"\"usage\":{").is_some()
             && let Some(payload) = event_data(data)
-            && let Ok(event) = serde_json::from_str::<WithUsage>(&payload)
-            && let Some(usage) = event.usage.get()
+            && let Some(usage) = usage_of_event(self.api, &payload)
         {
-            self.stream_usage = Some(usage.clone());
+            self.stream_usage = Some(usage);
         }
     }
 
@@ -221,10 +236,87 @@ impl BodyObserver for ResponseMeter {
         if self.streamed || end != BodyEnd::Complete {
             return;
         }
-        if let Ok(answer) = serde_json::from_slice::<WithUsage>(&self.json)
-            && let Some(usage) = answer.usage.get()
-        {
-            self.count(usage);
+        if let Some(usage) = usage_of_answer(self.api, &self.json) {
+            self.count(&usage);
+        }
+    }
+}
+
+/// The usage of a whole JSON answer of `api`, as chat counts it.
+fn usage_of_answer(api: Api, json: &[u8]) -> Option<Usage> {
+    match api {
+        Api::Chat => serde_json::from_slice::<WithUsage>(json)
+            .ok()?
+            .usage
+            .get()
+            .cloned(),
+        Api::Responses => serde_json::from_slice::<WithResponsesUsage>(json)
+            .ok()?
+            .usage
+            .map(ResponsesUsage::into_chat),
+    }
+}
+
+/// The usage of one stream event of `api`: chat's usage chunk, or the Response that a Responses
+/// stream's last event (`response.completed`, `.incomplete`, `.failed`) carries.
+fn usage_of_event(api: Api, payload: &str) -> Option<Usage> {
+    match api {
+        Api::Chat => serde_json::from_str::<WithUsage>(payload)
+            .ok()?
+            .usage
+            .get()
+            .cloned(),
+        Api::Responses => {
+            #[derive(Deserialize)]
+            struct Event {
+                response: Option<WithResponsesUsage>,
+            }
+            serde_json::from_str::<Event>(payload)
+                .ok()?
+                .response?
+                .usage
+                .map(ResponsesUsage::into_chat)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WithResponsesUsage {
+    usage: Option<ResponsesUsage>,
+}
+
+/// A Response's `usage`.
+#[derive(Deserialize)]
+struct ResponsesUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    total_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<serde_json::Value>,
+    #[serde(default)]
+    output_tokens_details: Option<serde_json::Value>,
+}
+
+impl ResponsesUsage {
+    /// As chat names it: input tokens are prompt tokens (their cached share in
+    /// `prompt_tokens_details`), output tokens completion tokens (reasoning in
+    /// `completion_tokens_details`).
+    fn into_chat(self) -> Usage {
+        let mut extra = serde_json::Map::new();
+        if let Some(details) = self.input_tokens_details {
+            extra.insert("prompt_tokens_details".into(), details);
+        }
+        if let Some(details) = self.output_tokens_details {
+            extra.insert("completion_tokens_details".into(), details);
+        }
+        Usage {
+            prompt_tokens: self.input_tokens,
+            completion_tokens: self.output_tokens,
+            total_tokens: self.total_tokens,
+            extra,
         }
     }
 }

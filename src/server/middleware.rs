@@ -29,6 +29,7 @@ pub struct RequestContext {
 fn route_label(method: &Method, path: &str) -> Route {
     match path {
         "/v1/chat/completions" if method == Method::POST => Route::ChatCompletions,
+        "/v1/responses" if method == Method::POST => Route::Responses,
         "/v1/ctxproxy/explain" if method == Method::POST => Route::Explain,
         "/healthz" => Route::Healthz,
         "/readyz" => Route::Readyz,
@@ -53,7 +54,7 @@ pub async fn observe(
     let mut exchange = Exchange::start(&state, route, &request, request_id.clone());
     let mut response = if matches!(
         route,
-        Route::Passthrough | Route::ChatCompletions | Route::Explain
+        Route::Passthrough | Route::ChatCompletions | Route::Responses | Route::Explain
     ) {
         match admit(&state, request, &request_id, route).await {
             Ok((permit, tenant, request)) => {

@@ -136,6 +136,10 @@ pub fn router(state: SharedState) -> Router {
             "/v1/chat/completions",
             post(chat::chat_completions).fallback(passthrough::forward),
         )
+        .route(
+            "/v1/responses",
+            post(chat::responses).fallback(passthrough::forward),
+        )
         .route("/v1/ctxproxy/explain", post(chat::explain))
         .route("/v1/{*rest}", any(passthrough::forward))
         .fallback(ops::not_found)

@@ -26,6 +26,7 @@ use crate::body::{
 use crate::config::{Config, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::{ChatLabels, Metrics, UpstreamError};
+use crate::openai::Api;
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::Definitions;
 
@@ -58,6 +59,10 @@ pub struct Upstream {
     /// The pipeline's config with tools needed later defined in the block, used once the
     /// upstream is known to refuse or drop a definitions message in mid-conversation.
     in_block: Arc<PipelineConfig>,
+    /// The pipeline's config for a Responses API request: no tool filtering and no recall
+    /// tool, since a call to a stub or to `ctxproxy_recall` is not yet answered by the proxy on
+    /// that API.
+    responses: Arc<PipelineConfig>,
     /// What its chat template taught: 0 nothing, else a [`Lesson`].
     learned: AtomicU8,
     /// When the store may next be asked what other replicas learned, in milliseconds since
@@ -123,6 +128,14 @@ pub struct UpstreamResponse {
     pub deadline: Instant,
 }
 
+/// `pipeline` as a Responses API request runs it: tools whole, no recall tool.
+pub fn responses_pipeline(pipeline: &PipelineConfig) -> PipelineConfig {
+    let mut responses = pipeline.clone();
+    responses.tools.enabled = false;
+    responses.compact.recall = false;
+    responses
+}
+
 /// A pooled HTTP/1.1 + HTTP/2 client over TCP or TLS (webpki roots), no-delay sockets.
 pub fn http_client(
     connect_timeout: std::time::Duration,
@@ -155,10 +168,12 @@ impl Upstream {
         );
         let mut in_block = PipelineConfig::clone(&config.pipeline);
         in_block.tools.definitions = Definitions::InBlock;
+        let responses = responses_pipeline(&config.pipeline);
         Ok(Upstream {
             config,
             client,
             in_block: Arc::new(in_block),
+            responses: Arc::new(responses),
             learned: AtomicU8::new(0),
             next_store_check_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
@@ -174,6 +189,11 @@ impl Upstream {
         } else {
             &self.config.pipeline
         }
+    }
+
+    /// The pipeline's config for a Responses API request to this upstream.
+    pub fn responses_pipeline(&self) -> &Arc<PipelineConfig> {
+        &self.responses
     }
 
     /// What the upstream's template is known to do with a definitions message, if anything.
@@ -413,6 +433,8 @@ pub struct ChatRelay {
     pub observer: Option<Box<dyn BodyObserver>>,
     pub drop_event: Option<fn(&[u8]) -> bool>,
     pub usage_asked: bool,
+    /// Which API's stream it is: how it ends, and the error event that ends a failed one.
+    pub api: Api,
 }
 
 /// The upstream's stream stopped; `cause` says how.
@@ -468,6 +490,7 @@ impl Upstream {
             observer,
             drop_event,
             usage_asked,
+            api,
         } = chat.unwrap_or_default();
         if !is_sse {
             let body = match observer {
@@ -489,10 +512,10 @@ impl Upstream {
             }
         };
         let framed = SseEventBody::new(observed, max_event, too_large);
-        let framed = if checked {
-            Body::new(CheckedEnd::new(framed, usage_asked))
-        } else {
-            Body::new(framed)
+        let framed = match api {
+            _ if !checked => Body::new(framed),
+            Api::Chat => Body::new(CheckedEnd::new(framed, usage_asked)),
+            Api::Responses => Body::new(CheckedEnd::responses(framed)),
         };
         let tapped = match observer {
             Some(observer) => Body::new(TapBody::new(framed, observer)),
@@ -507,7 +530,7 @@ impl Upstream {
             parts.extensions.insert(fault.clone());
             Body::new(ErrorEventEnd::new(
                 kept,
-                self.stream_failure(metrics, fault),
+                self.stream_failure(metrics, fault, api),
             ))
         } else {
             kept
@@ -522,6 +545,7 @@ impl Upstream {
         &self,
         metrics: &Metrics,
         fault: StreamFault,
+        api: Api,
     ) -> impl FnOnce(BoxError) -> Option<Bytes> + Send + 'static {
         let errors = metrics.upstream_errors.clone();
         let name = self.config.name.clone();
@@ -542,7 +566,10 @@ impl Upstream {
                 interrupted(&name, &*failure)
             };
             fault.set(format!("{}: {error}", error.code()));
-            Some(error.sse_event())
+            Some(match api {
+                Api::Chat => error.sse_event(),
+                Api::Responses => error.responses_sse_event(),
+            })
         }
     }
 }

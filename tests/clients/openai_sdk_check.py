@@ -169,5 +169,49 @@ streamed_call = final.choices[0].message.tool_calls[0]
 assert streamed_call.function.name == "get_weather"
 assert json.loads(streamed_call.function.arguments) == {"city": "mock"}, streamed_call
 
+# 9. The Responses API: a function call, its output sent back with the reasoning item that came
+#    before it (the mock refuses a reasoning item parted from its call), streamed, and chained.
+flat_tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}]
+first = client.responses.create(
+    model="gpt-5", instructions="You are terse.", store=False,
+    include=["reasoning.encrypted_content"], tools=flat_tools,
+    input=[{"role": "user", "content": "Weather in Paris?"}],
+    extra_headers={"X-Mock-Tool-Call": "get_weather"},
+)
+calls = [item for item in first.output if item.type == "function_call"]
+assert calls and calls[0].name == "get_weather", first.output
+assert json.loads(calls[0].arguments) == {"city": "mock"}, calls[0]
+assert first.output[0].type == "reasoning" and first.output[0].encrypted_content, first.output
+history = [{"role": "user", "content": "Weather in Paris?"}]
+history += [item.model_dump(exclude_none=True) for item in first.output]
+history.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": "18C, sunny"})
+raw = client.responses.with_raw_response.create(
+    model="gpt-5", instructions="You are terse.", store=False, tools=flat_tools, input=history,
+    include=["reasoning.encrypted_content"],
+)
+assert raw.headers.get("x-ctxproxy-tokens-before") is not None, dict(raw.headers)
+second = raw.parse()
+assert second.status == "completed" and "18C, sunny" in second.output_text, second
+assert second.usage.input_tokens > 0 and second.usage.output_tokens > 0, second.usage
+with client.responses.stream(model="gpt-5", store=False, tools=flat_tools, input=history,
+                             include=["reasoning.encrypted_content"]) as events:
+    kinds = [event.type for event in events]
+    final = events.get_final_response()
+assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+assert final.output_text == second.output_text, final
+chained = client.responses.create(
+    model="gpt-5", previous_response_id=first.id,
+    input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "18C, sunny"}],
+)
+assert chained.status == "completed", chained
+try:
+    client.responses.create(model="gpt-5", input=[
+        {"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}])
+    raise AssertionError("an orphan function_call_output is refused")
+except openai.BadRequestError as error:
+    assert "call_nowhere" in str(error), error
+
 print("openai SDK checks passed")
 sys.exit(0)

@@ -15,9 +15,10 @@ use crate::bill::{Prompt, cached_of};
 use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::{BudgetOutcome, ChatLabels};
-use crate::openai::ChatRequest;
+use crate::openai::{Api, ChatRequest};
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
+use crate::responses;
 use crate::server::meter::Saving;
 use crate::server::{
     RequestContext, SharedState, learned, prefix_state, read_body, recall_marks, scope, sticky,
@@ -33,8 +34,10 @@ pub const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
 pub enum Entry {
     /// `/v1/chat/completions`: the mode comes from `X-Ctxproxy-Mode` or the config.
     Chat,
-    /// `/v1/ctxproxy/explain`: always the optimized rewrite.
+    /// `/v1/ctxproxy/explain`: always the optimized rewrite, of a chat or a Responses body.
     Explain,
+    /// `/v1/responses`: a Responses API body, read as a chat request; the mode as for chat.
+    Responses,
 }
 
 /// A parsed chat request and everything decided from it before the pipeline runs.
@@ -44,6 +47,8 @@ pub struct ChatCall<'a> {
     /// The client's body, as received.
     pub bytes: Bytes,
     pub chat: ChatRequest,
+    /// A Responses API body, read as `chat`: what writing its rewrite back needs.
+    pub responses: Option<Box<responses::Converted>>,
     pub upstream: &'a Arc<Upstream>,
     pub mode: Mode,
     /// Whose caches and conversation state these are (see `scope.rs`).
@@ -93,10 +98,20 @@ impl<'a> ChatCall<'a> {
         bytes: Bytes,
         entry: Entry,
     ) -> Result<ChatCall<'a>, ProxyError> {
-        let chat = ChatRequest::parse(&bytes)?;
+        let is_responses = match entry {
+            Entry::Chat => false,
+            Entry::Explain => responses::is_responses_body(&bytes),
+            Entry::Responses => true,
+        };
+        let (chat, responses) = if is_responses {
+            let (chat, converted) = responses::to_chat(responses::parse(&bytes)?)?;
+            (chat, Some(Box::new(converted)))
+        } else {
+            (ChatRequest::parse(&bytes)?, None)
+        };
         let upstream = route(state, &chat.model)?;
         let mode = match entry {
-            Entry::Chat => mode_of(&parts.headers, state.config.pipeline.mode)?,
+            Entry::Chat | Entry::Responses => mode_of(&parts.headers, state.config.pipeline.mode)?,
             Entry::Explain => Mode::Optimize,
         };
         let scope = scope::of(&state.config, &context.tenant, &parts);
@@ -111,6 +126,7 @@ impl<'a> ChatCall<'a> {
             parts,
             bytes,
             chat,
+            responses,
             upstream,
             mode,
             scope,
@@ -119,9 +135,24 @@ impl<'a> ChatCall<'a> {
         })
     }
 
+    /// Which API the request speaks.
+    pub fn api(&self) -> Api {
+        match self.responses {
+            Some(_) => Api::Responses,
+            None => Api::Chat,
+        }
+    }
+
+    /// Whether the pipeline may rewrite the request: any chat request, a Responses body whose
+    /// history the client sent whole ([`responses::Converted::rewritable`]).
+    pub fn rewritable(&self) -> bool {
+        self.responses.as_ref().is_none_or(|c| c.rewritable())
+    }
+
     /// Whether this request reads and writes the conversation's sticky tool categories.
     pub fn uses_tool_state(&self) -> bool {
         self.mode != Mode::Off
+            && self.responses.is_none()
             && self.state.config.pipeline.tools.enabled
             && self.chat.tools.get().is_some_and(|t| !t.is_empty())
     }
@@ -136,7 +167,7 @@ impl<'a> ChatCall<'a> {
             with_stubs: None,
             recalls: Vec::new(),
         };
-        if self.mode == Mode::Off {
+        if self.mode == Mode::Off || !self.rewritable() {
             return Ok(unchanged);
         }
         let started = Instant::now();
@@ -192,9 +223,14 @@ impl<'a> ChatCall<'a> {
             // Nothing changed, or observe mode: the client's own bytes go upstream.
             return Ok(unchanged);
         }
-        let body = serde_json::to_vec(&rewrite.request)
-            .map(Bytes::from)
-            .map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let body = match &self.responses {
+            Some(converted) => {
+                serde_json::to_vec(&responses::from_chat(converted, &rewrite.request))
+            }
+            None => serde_json::to_vec(&rewrite.request),
+        }
+        .map(Bytes::from)
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
         log.sent_rewritten(&body);
         let saving = self.saving_of(report);
         let stubs = report
@@ -236,7 +272,10 @@ impl<'a> ChatCall<'a> {
         // What another replica learned of the upstream's template (rarely asks the store).
         let ((remembered, recalls), ()) =
             tokio::join!(conversation, learned::refresh(state, self.upstream));
-        let config = self.upstream.pipeline();
+        let config = match self.api() {
+            Api::Chat => self.upstream.pipeline(),
+            Api::Responses => self.upstream.responses_pipeline(),
+        };
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers

@@ -1,4 +1,4 @@
-//! `POST /v1/chat/completions` and `POST /v1/ctxproxy/explain`. A chat request goes through its
+//! `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/ctxproxy/explain`. A chat request goes through its
 //! phases in order (ARCHITECTURE.md): read and parse, rewrite, look up the caches, send (with
 //! the guards), relay (with the observers), and every exit, error or not, goes through
 //! [`CallLog::finish`]. Explain runs the first two and returns the rewrite instead.
@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{RequestContext, SharedState};
 use crate::error::ProxyError;
+use crate::responses;
 use call::{ChatCall, Entry};
 use call_log::CallLog;
 use send::Looked;
@@ -26,7 +27,21 @@ pub async fn chat_completions(
     request: Request,
 ) -> Response<Body> {
     let mut log = CallLog::start(&state, &context, request.headers());
-    let response = serve(&state, &context, request, &mut log)
+    let response = serve(&state, &context, request, Entry::Chat, &mut log)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    log.finish(&state, response)
+}
+
+/// `POST /v1/responses`: the same phases, the body read as a chat request and the rewrite
+/// written back as a Responses body (`crate::responses`).
+pub async fn responses(
+    State(state): State<SharedState>,
+    Extension(context): Extension<RequestContext>,
+    request: Request,
+) -> Response<Body> {
+    let mut log = CallLog::start(&state, &context, request.headers());
+    let response = serve(&state, &context, request, Entry::Responses, &mut log)
         .await
         .unwrap_or_else(IntoResponse::into_response);
     log.finish(&state, response)
@@ -36,11 +51,12 @@ async fn serve(
     state: &SharedState,
     context: &RequestContext,
     request: Request,
+    entry: Entry,
     log: &mut CallLog,
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, bytes) = call::read(state, request).await?;
     log.read(&bytes);
-    let call = ChatCall::parse(state, context, parts, bytes, Entry::Chat)?;
+    let call = ChatCall::parse(state, context, parts, bytes, entry)?;
     log.parsed(&call);
     let outgoing = call.rewrite(log).await?;
     let keys = match call.look_up(&outgoing, log).await {
@@ -60,11 +76,19 @@ pub async fn explain(
 ) -> Result<Json<Value>, ProxyError> {
     let (parts, bytes) = call::read(&state, request).await?;
     let call = ChatCall::parse(&state, &context, parts, bytes, Entry::Explain)?;
+    if let Some(converted) = call.responses.as_deref()
+        && !converted.rewritable()
+    {
+        return Ok(Json(passed_through(&call)?));
+    }
     let rewrite = call.run_pipeline().await?.rewrite;
-    let sent = if rewrite.changed() {
-        serde_json::to_value(&rewrite.request)
-    } else {
-        serde_json::from_slice(&call.bytes)
+    let sent = match &call.responses {
+        Some(converted) if rewrite.changed() => Ok(Value::Object(responses::from_chat(
+            converted,
+            &rewrite.request,
+        ))),
+        None if rewrite.changed() => serde_json::to_value(&rewrite.request),
+        _ => serde_json::from_slice(&call.bytes),
     }
     .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let report = rewrite.report;
@@ -78,4 +102,26 @@ pub async fn explain(
         "prefix": report.prefix,
         "stages": report.stages,
     })))
+}
+
+/// Explain's answer for a Responses body the pipeline leaves as it is (see
+/// [`responses::Converted::rewritable`]): the body, and its tokens before and after.
+fn passed_through(call: &ChatCall<'_>) -> Result<Value, ProxyError> {
+    let sent: Value =
+        serde_json::from_slice(&call.bytes).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let counter = call
+        .state
+        .tokenizers
+        .for_model(&call.chat.model, call.upstream.config.tokenizer);
+    let tokens = counter.request(&call.chat);
+    Ok(json!({
+        "request": sent,
+        "tokens_before": tokens,
+        "tokens_after": tokens,
+        "budget": call.budget(),
+        "fits": call.budget().is_none_or(|budget| tokens <= budget),
+        "over_budget": null,
+        "prefix": null,
+        "stages": [],
+    }))
 }

@@ -14,7 +14,7 @@ use super::call_log::CallLog;
 use crate::body::{BodyObserver, Observers};
 use crate::error::ProxyError;
 use crate::metrics::CacheOutcome;
-use crate::openai::ChatRequest;
+use crate::openai::{Api, ChatRequest};
 use crate::pipeline::Mode;
 use crate::pipeline::recall::Mark;
 use crate::pipeline::tools::inline;
@@ -82,6 +82,15 @@ pub struct Answer {
 impl ChatCall<'_> {
     /// The deterministic cache (keyed by what is sent), then the dedup cache.
     pub async fn look_up(&self, outgoing: &Outgoing, log: &mut CallLog) -> Looked {
+        if self.api() == Api::Responses {
+            // Not cached yet: a Response carries ids the client may chain on
+            // (`previous_response_id`), so a cached one is not the same answer.
+            log.cache = Some(CacheOutcome::Bypass);
+            return Looked::Miss(CacheKeys {
+                deterministic: None,
+                dedup: None,
+            });
+        }
         let state = self.state;
         let labels = &log.labels;
         let name = &self.upstream.config.name;
@@ -138,8 +147,10 @@ impl ChatCall<'_> {
     pub async fn send(&self, outgoing: Outgoing, log: &mut CallLog) -> Result<Answer, ProxyError> {
         let state = self.state;
         // Usage of every stream, for the token metrics; the client gets it only if it asked.
-        let strip_usage =
-            self.mode != Mode::Off && self.chat.is_stream() && !self.chat.include_usage();
+        let strip_usage = self.mode != Mode::Off
+            && self.api() == Api::Chat
+            && self.chat.is_stream()
+            && !self.chat.include_usage();
         // A complete stream then carries its usage.
         let usage_asked = strip_usage || self.chat.include_usage();
         let body = match strip_usage
@@ -162,9 +173,13 @@ impl ChatCall<'_> {
         );
         let upstream = self.upstream;
         apply_upstream_auth(&mut headers, &upstream.config, state.config.auth_enabled());
+        let path = match self.api() {
+            Api::Chat => "/chat/completions",
+            Api::Responses => "/responses",
+        };
         let suffix = match self.parts.uri.query() {
-            Some(query) => format!("/chat/completions?{query}"),
-            None => "/chat/completions".to_owned(),
+            Some(query) => format!("{path}?{query}"),
+            None => path.to_owned(),
         };
         let uri = upstream.uri(&suffix)?;
         // Optimize mode only: a call to a stub is asked again with the tool in full, and the
@@ -300,8 +315,8 @@ impl ChatCall<'_> {
             body = all_full;
             expansion = None;
         }
-        let guard = sending
-            .optimize
+        // The guards read chat answers.
+        let guard = (sending.optimize && self.api() == Api::Chat)
             .then(|| {
                 GuardCall::new(
                     state,
@@ -318,6 +333,7 @@ impl ChatCall<'_> {
     /// Relays the answer to the client through the observers that read it as it passes.
     pub fn relay(self, answer: Answer, keys: CacheKeys, log: &mut CallLog) -> Response<Body> {
         let state = self.state;
+        let api = self.api();
         let Answer {
             answer,
             sent_at,
@@ -349,7 +365,8 @@ impl ChatCall<'_> {
                 )
                 .with_saving(saving)
                 .with_price(state.config.price_of(&self.chat.model))
-                .with_sent(sent_tokens, expanded),
+                .with_sent(sent_tokens, expanded)
+                .for_api(api),
             ));
             let tool_state = self.uses_tool_state();
             if let Some(conversation) = self.conversation.filter(|_| tool_state) {
@@ -374,6 +391,7 @@ impl ChatCall<'_> {
                 .then(|| Box::new(Observers(observers)) as Box<dyn BodyObserver>),
             drop_event: strip_usage.then_some(meter::is_usage_only_event as fn(&[u8]) -> bool),
             usage_asked,
+            api,
         };
         self.upstream
             .relay(answer, &state.metrics, &log.labels, Some(chat))

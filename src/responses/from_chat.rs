@@ -1,0 +1,258 @@
+//! A rewritten chat request written back as the Responses body it came from. Each message of
+//! the rewrite is matched, in order, to the message of the client's it is: unchanged, it goes as
+//! the client's own items, byte for byte (carried items and reasoning included); a compacted tool
+//! result goes as its `function_call_output` item with the new `output`; a message the pipeline
+//! wrote (summary, definitions, a recall) becomes a new item. Messages left out take their items
+//! with them. Every field the pipeline does not own is the client's.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use foldhash::quality::FixedState;
+use serde_json::{Map, Value, json};
+
+use super::ResponsesBody;
+use super::to_chat::{Converted, Unit, responses_tool_choice};
+use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
+use crate::tokens::hash_message;
+
+/// Which message of the client's a rewritten message is.
+enum Origin {
+    /// The client's, unchanged.
+    Kept(usize),
+    /// The client's tool result, compacted.
+    Compacted(usize),
+    /// Written by the pipeline (or changed past recognition).
+    New,
+}
+
+/// The Responses body that sends `rewritten`, a rewrite of the chat request `converted` was read
+/// as.
+pub fn from_chat(converted: &Converted, rewritten: &ChatRequest) -> ResponsesBody {
+    let mut messages = rewritten.messages.as_slice();
+    let mut instructions = None;
+    if converted.instructions
+        && let Some((first, rest)) = messages.split_first()
+        && matches!(first.role, Role::System | Role::Developer)
+    {
+        instructions = Some(if *first == converted.units[0].message {
+            converted
+                .body
+                .get("instructions")
+                .cloned()
+                .unwrap_or(Value::Null)
+        } else {
+            Value::String(text_of(first))
+        });
+        messages = rest;
+    }
+
+    let origins = origins(converted, messages);
+    let mut input = Vec::new();
+    for (message, origin) in messages.iter().zip(origins) {
+        match origin {
+            Origin::Kept(unit) => input.extend(converted.units[unit].items.iter().cloned()),
+            Origin::Compacted(unit) => compacted(&converted.units[unit], message, &mut input),
+            Origin::New => new_items(message, &mut input),
+        }
+    }
+    input.extend(converted.trailing.iter().cloned());
+
+    let mut body = Map::new();
+    for (key, value) in &converted.body {
+        let value = match key.as_str() {
+            "instructions" => match &instructions {
+                Some(text) => text.clone(),
+                None => value.clone(),
+            },
+            "input" => input_value(converted, value, &input),
+            "tools" => match tools_value(converted, rewritten) {
+                Some(tools) => tools,
+                None => continue,
+            },
+            "tool_choice" => match tool_choice_value(converted, rewritten) {
+                Some(choice) => choice,
+                None => continue,
+            },
+            _ => value.clone(),
+        };
+        body.insert(key.clone(), value);
+    }
+    if !body.contains_key("input") {
+        body.insert("input".into(), Value::Array(input));
+    }
+    if !converted.body.contains_key("tools")
+        && let Some(tools) = tools_value(converted, rewritten)
+    {
+        body.insert("tools".into(), tools);
+    }
+    body
+}
+
+/// The origin of each message, matched in order: a message equal to one of the client's (after
+/// the last matched) is that one; a tool message whose content changed is the client's result
+/// for its call.
+fn origins(converted: &Converted, messages: &[Message]) -> Vec<Origin> {
+    let start = usize::from(converted.instructions);
+    let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::new();
+    let mut by_call: HashMap<&str, usize> = HashMap::new();
+    for (k, unit) in converted.units.iter().enumerate().skip(start) {
+        by_hash.entry(key(&unit.message)).or_default().push(k);
+        if let Some(id) = unit.message.tool_call_id.get() {
+            by_call.entry(id.as_str()).or_insert(k);
+        }
+    }
+    let mut next = start;
+    messages
+        .iter()
+        .map(|message| {
+            let kept = by_hash.get(&key(message)).and_then(|units| {
+                units
+                    .iter()
+                    .copied()
+                    .find(|&k| k >= next && converted.units[k].message == *message)
+            });
+            if let Some(unit) = kept {
+                next = unit + 1;
+                return Origin::Kept(unit);
+            }
+            let compacted = (message.role == Role::Tool)
+                .then(|| message.tool_call_id.get())
+                .flatten()
+                .and_then(|id| by_call.get(id.as_str()).copied())
+                .filter(|&k| k >= next);
+            match compacted {
+                Some(unit) => {
+                    next = unit + 1;
+                    Origin::Compacted(unit)
+                }
+                None => Origin::New,
+            }
+        })
+        .collect()
+}
+
+fn key(message: &Message) -> u64 {
+    let mut hasher = FixedState::with_seed(0x5e5_0a5e).build_hasher();
+    hash_message(message, &mut hasher);
+    hasher.finish()
+}
+
+/// A compacted result: the items carried before it, then its `function_call_output` item with
+/// the new output.
+fn compacted(unit: &Unit, message: &Message, input: &mut Vec<Value>) {
+    for item in &unit.items {
+        let is_output = item.get("type").and_then(Value::as_str) == Some("function_call_output");
+        if !is_output {
+            input.push(item.clone());
+            continue;
+        }
+        let mut item = item.clone();
+        if let Some(object) = item.as_object_mut() {
+            object.insert("output".into(), Value::String(text_of(message)));
+        }
+        input.push(item);
+    }
+}
+
+/// Items for a message the pipeline wrote.
+fn new_items(message: &Message, input: &mut Vec<Value>) {
+    match message.role {
+        Role::Tool => input.push(json!({
+            "type": "function_call_output",
+            "call_id": message.tool_call_id.get().cloned().unwrap_or_default(),
+            "output": text_of(message),
+        })),
+        Role::Assistant => {
+            let text = text_of(message);
+            if !text.is_empty() {
+                input.push(json!({"role": "assistant", "content": text}));
+            }
+            for call in message.tool_calls() {
+                input.push(json!({
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.function.name,
+                    "arguments": call.function.arguments,
+                }));
+            }
+        }
+        _ => input.push(json!({"role": message.role.as_str(), "content": text_of(message)})),
+    }
+}
+
+fn text_of(message: &Message) -> String {
+    message
+        .content
+        .get()
+        .map(|c| c.text().into_owned())
+        .unwrap_or_default()
+}
+
+/// `input` as sent: the client's string when it is all that is left, unchanged.
+fn input_value(converted: &Converted, original: &Value, input: &[Value]) -> Value {
+    if let Value::String(_) = original
+        && let [only] = input
+        && converted
+            .units
+            .last()
+            .is_some_and(|unit| unit.items.first() == Some(only))
+    {
+        return original.clone();
+    }
+    Value::Array(input.to_vec())
+}
+
+/// `tools` as sent: each tool the client's JSON when unchanged, else in the flat shape; `None`
+/// when the rewrite sends none.
+fn tools_value(converted: &Converted, rewritten: &ChatRequest) -> Option<Value> {
+    let tools = match &rewritten.tools {
+        Nullable::Value(tools) if !tools.is_empty() => tools,
+        Nullable::Value(_) | Nullable::Absent => return None,
+        Nullable::Null => return Some(Value::Null),
+    };
+    let flat = tools
+        .iter()
+        .map(|tool| {
+            converted
+                .tools
+                .iter()
+                .find(|(original, _)| original == tool)
+                .map_or_else(|| flat_tool(tool), |(_, json)| json.clone())
+        })
+        .collect();
+    Some(Value::Array(flat))
+}
+
+fn flat_tool(tool: &Tool) -> Value {
+    let mut flat = Map::new();
+    flat.insert("type".into(), Value::String(tool.kind.clone()));
+    if let Some(function) = &tool.function {
+        flat.insert("name".into(), Value::String(function.name.clone()));
+        if let Ok(description) = serde_json::to_value(&function.description)
+            && !function.description.is_absent()
+        {
+            flat.insert("description".into(), description);
+        }
+        if let Ok(parameters) = serde_json::to_value(&function.parameters)
+            && !function.parameters.is_absent()
+        {
+            flat.insert("parameters".into(), parameters);
+        }
+        flat.extend(function.extra.clone());
+    }
+    flat.extend(tool.extra.clone());
+    Value::Object(flat)
+}
+
+fn tool_choice_value(converted: &Converted, rewritten: &ChatRequest) -> Option<Value> {
+    let choice = rewritten.tool_choice.get()?;
+    Some(match &converted.tool_choice {
+        Some((chat, original)) if chat == choice => original.clone(),
+        _ => responses_tool_choice(choice),
+    })
+}
+
+#[cfg(test)]
+#[path = "from_chat_tests.rs"]
+mod tests;

@@ -1,0 +1,244 @@
+use serde_json::{Value, json};
+
+use crate::openai::{Content, Message, Nullable, Role};
+use crate::responses::{ResponsesBody, from_chat, reasoning_in_place, to_chat};
+
+fn body(value: Value) -> ResponsesBody {
+    match value {
+        Value::Object(map) => map,
+        _ => unreachable!("fixtures are objects"),
+    }
+}
+
+fn reasoning(id: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "summary": [], "encrypted_content": format!("gAAAA{id}")})
+}
+
+/// A stateless agent's history: instructions, a reasoning item before each tool-calling turn, a
+/// hosted call, an unknown item, a function tool and a hosted tool.
+fn agent() -> Value {
+    json!({
+        "model": "gpt-5",
+        "instructions": "You are a support agent.",
+        "store": false,
+        "input": [
+            {"role": "user", "content": "Where is order 4711?"},
+            reasoning("rs_1"),
+            {"type": "function_call", "call_id": "call_1", "name": "get_order", "arguments": "{\"id\":\"4711\"}", "id": "fc_1"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "{\"status\":\"shipped\",\"carrier\":\"DHL\"}", "id": "fco_1"},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "DHL"}},
+            {"type": "message", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "It shipped with DHL.", "annotations": []}]},
+            {"type": "future_item", "x": 1},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks, and order 4712?"}]}
+        ],
+        "tools": [
+            {"type": "function", "name": "get_order", "description": "Look up an order", "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}, "strict": true},
+            {"type": "web_search"}
+        ],
+        "tool_choice": "auto",
+        "include": ["reasoning.encrypted_content"],
+        "text": {"verbosity": "low"}
+    })
+}
+
+#[test]
+fn an_unchanged_rewrite_writes_back_the_client_body_byte_for_byte() {
+    for original in [
+        agent(),
+        json!({"model": "m", "input": "hello", "temperature": 0}),
+    ] {
+        let (chat, converted) = to_chat(body(original.clone())).expect("converts");
+        let back = from_chat(&converted, &chat);
+        assert_eq!(
+            serde_json::to_string(&back).ok(),
+            serde_json::to_string(&original).ok()
+        );
+    }
+}
+
+#[test]
+fn items_read_as_chat_messages() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "assistant", "user"]
+    );
+    let call = &chat.messages[2].tool_calls()[0];
+    assert_eq!(
+        (call.id.as_str(), call.function.name.as_str()),
+        ("call_1", "get_order")
+    );
+    assert_eq!(chat.tool_names(), ["get_order"]);
+    assert_eq!(chat.last_user_text(), "Thanks, and order 4712?");
+    assert!(chat.extra.contains_key("store"));
+    assert!(!chat.extra.contains_key("input"));
+    assert!(converted.pairs_in_order());
+}
+
+#[test]
+fn a_left_out_turn_takes_its_reasoning_and_carried_items_with_it() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut rewritten = chat.clone();
+    // A summary in place of the first exchange: the user's question, the call and its result.
+    let summary = Message::text(Role::System, "Summary: order 4711 shipped (DHL).");
+    rewritten.messages.splice(1..4, [summary]);
+    let back = from_chat(&converted, &rewritten);
+    let input = back["input"].as_array().expect("items");
+    let types: Vec<&str> = input
+        .iter()
+        .map(|i| i.get("type").and_then(Value::as_str).unwrap_or("easy"))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "easy",
+            "web_search_call",
+            "message",
+            "future_item",
+            "message"
+        ]
+    );
+    assert_eq!(
+        input[0],
+        json!({"role": "system", "content": "Summary: order 4711 shipped (DHL)."})
+    );
+    assert!(
+        !serde_json::to_string(&back)
+            .unwrap_or_default()
+            .contains("rs_1")
+    );
+}
+
+#[test]
+fn a_kept_call_keeps_its_reasoning_right_before_it() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages.remove(1);
+    let back = from_chat(&converted, &rewritten);
+    let input = back["input"].as_array().expect("items");
+    assert_eq!(input[0], reasoning("rs_1"));
+    assert_eq!(input[1]["id"], "fc_1");
+    assert!(reasoning_in_place(&body(agent()), &back));
+}
+
+#[test]
+fn reasoning_moved_or_altered_is_told() {
+    let client = body(agent());
+    let mut moved = client.clone();
+    if let Some(Value::Array(items)) = moved.get_mut("input") {
+        items.swap(1, 0);
+    }
+    assert!(!reasoning_in_place(&client, &moved));
+    let mut altered = client.clone();
+    altered["input"][1]["encrypted_content"] = json!("gAAAAother");
+    assert!(!reasoning_in_place(&client, &altered));
+    assert!(reasoning_in_place(&client, &client));
+}
+
+#[test]
+fn a_compacted_result_keeps_its_item_with_the_new_output() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages[3].content =
+        Nullable::Value(Content::Text("{\"status\":\"shipped\"}".into()));
+    let back = from_chat(&converted, &rewritten);
+    let output = back["input"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["type"] == "function_call_output"))
+        .cloned();
+    assert_eq!(
+        output,
+        Some(
+            json!({"type": "function_call_output", "call_id": "call_1", "output": "{\"status\":\"shipped\"}", "id": "fco_1"})
+        )
+    );
+}
+
+#[test]
+fn changed_instructions_and_tools_are_written_in_the_responses_shape() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages[0] = Message::text(Role::System, "You are a support agent.\n\nBe brief.");
+    if let Nullable::Value(tools) = &mut rewritten.tools
+        && let Some(function) = tools[0].function.as_mut()
+    {
+        function.description = Nullable::Value("Look up an order (stub)".into());
+    }
+    rewritten.tool_choice =
+        Nullable::Value(json!({"type": "function", "function": {"name": "get_order"}}));
+    let back = from_chat(&converted, &rewritten);
+    assert_eq!(
+        back["instructions"],
+        "You are a support agent.\n\nBe brief."
+    );
+    assert_eq!(back["tools"][0]["description"], "Look up an order (stub)");
+    assert_eq!(back["tools"][0]["strict"], true);
+    assert_eq!(back["tools"][1], json!({"type": "web_search"}));
+    assert_eq!(
+        back["tool_choice"],
+        json!({"type": "function", "name": "get_order"})
+    );
+}
+
+#[test]
+fn a_rewrite_without_tools_sends_no_tools_nor_tool_choice() {
+    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.tools = Nullable::Absent;
+    rewritten.tool_choice = Nullable::Absent;
+    let back = from_chat(&converted, &rewritten);
+    assert!(!back.contains_key("tools") && !back.contains_key("tool_choice"));
+}
+
+#[test]
+fn a_compaction_item_stands_for_what_came_before_it_but_system_messages() {
+    let original = json!({"model": "m", "input": [
+        {"role": "developer", "content": "Rules."},
+        {"role": "user", "content": "old question"},
+        {"role": "assistant", "content": "old answer"},
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "xyz"},
+        {"role": "user", "content": "new question"}
+    ]});
+    let (chat, converted) = to_chat(body(original)).expect("converts");
+    assert_eq!(converted.compacted_items, 2);
+    let back = from_chat(&converted, &chat);
+    let input = back["input"].as_array().expect("items");
+    assert_eq!(input.len(), 3);
+    assert_eq!(input[1]["type"], "compaction");
+}
+
+#[test]
+fn an_orphan_output_is_refused_unless_the_history_is_upstream() {
+    let orphan = json!({"model": "m", "input": [
+        {"type": "function_call_output", "call_id": "call_9", "output": "42"}
+    ]});
+    let error = to_chat(body(orphan.clone())).err().map(|e| e.to_string());
+    assert!(error.is_some_and(|e| e.contains("call_9")), "a clear error");
+    let mut chained = orphan;
+    chained["previous_response_id"] = json!("resp_1");
+    let (_, converted) = to_chat(body(chained)).expect("a chained request's call is upstream");
+    assert!(!converted.pairs_in_order());
+}
+
+#[test]
+fn malformed_items_are_named() {
+    let cases = [
+        (json!([1]), "input[0]"),
+        (
+            json!([{"type": "function_call", "name": "f"}]),
+            "input[0].call_id",
+        ),
+        (json!([{"role": "user"}]), "input[0].content"),
+        (json!([{"role": "user", "content": 5}]), "input[0].content"),
+    ];
+    for (input, field) in cases {
+        let error = to_chat(body(json!({"model": "m", "input": input})))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            error.as_deref().is_some_and(|e| e.contains(field)),
+            "{error:?} names {field}"
+        );
+    }
+}

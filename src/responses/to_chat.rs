@@ -1,0 +1,554 @@
+//! A Responses body read as a chat request: `instructions` as the first system message, message
+//! items as messages, an assistant message and the `function_call` items after it as one
+//! assistant message with tool calls, `function_call_output` items as tool messages, flat
+//! function tools as chat tools. Every other item (reasoning, hosted tool calls, `compaction`,
+//! `item_reference`, types ctxproxy does not know) is carried, unread, by the message after it,
+//! so it is kept or left out with that message and always right before it.
+
+use serde_json::{Map, Value, json};
+
+use super::{ResponsesBody, invalid, is_chained};
+use crate::error::ProxyError;
+use crate::openai::{
+    ChatRequest, Content, ContentPart, Extra, FunctionCall, FunctionDefinition, Message, Nullable,
+    Role, Tool, ToolCall,
+};
+
+/// Fields of a Responses body the conversion reads or writes; the others ride along in the chat
+/// request's `extra` (the conversation id reads `user`, the caches `temperature`, …).
+const OWNED_FIELDS: [&str; 6] = [
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "stream",
+];
+
+/// A Responses body as a chat request, and what writing a rewrite of it back needs.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    /// The client's body.
+    pub(super) body: ResponsesBody,
+    /// One per message of `chat`, in order.
+    pub(super) units: Vec<Unit>,
+    /// Items after the last message (a trailing reasoning or hosted item): sent last.
+    pub(super) trailing: Vec<Value>,
+    /// Whether `chat.messages[0]` is `instructions`.
+    pub(super) instructions: bool,
+    /// Each tool of `chat` as converted, with the client's JSON of it.
+    pub(super) tools: Vec<(Tool, Value)>,
+    /// `tool_choice` as converted, with the client's JSON of it.
+    pub(super) tool_choice: Option<(Value, Value)>,
+    /// Items left out because a later `compaction` item stands for them.
+    pub compacted_items: usize,
+}
+
+/// One chat message and the client's items it stands for.
+#[derive(Debug, Clone)]
+pub(super) struct Unit {
+    pub message: Message,
+    /// The client's items, in order: those carried (read by no stage) and the message's own.
+    pub items: Vec<Value>,
+}
+
+impl Converted {
+    /// The client's body.
+    pub fn client_body(&self) -> &ResponsesBody {
+        &self.body
+    }
+
+    /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
+    /// it keeps valid ([`Converted::pairs_in_order`]). A chained request (`previous_response_id`,
+    /// `conversation`) goes as the client wrote it: its history is upstream, and its tool block
+    /// must stay the chain's.
+    pub fn rewritable(&self) -> bool {
+        !super::is_chained(&self.body) && self.pairs_in_order()
+    }
+
+    /// Whether every tool message answers a call of the assistant message before it, with only
+    /// tool messages between: the chat shape the stages keep valid. An input that is not (an
+    /// output far from its call, a chained request's outputs of calls made upstream) is sent as
+    /// the client wrote it.
+    pub fn pairs_in_order(&self) -> bool {
+        let mut open: Vec<&str> = Vec::new();
+        for message in self.units.iter().map(|u| &u.message) {
+            match message.role {
+                Role::Tool => {
+                    let Some(id) = message.tool_call_id.get() else {
+                        return false;
+                    };
+                    let Some(at) = open.iter().position(|open| open == id) else {
+                        return false;
+                    };
+                    open.remove(at);
+                }
+                _ => {
+                    open = message.tool_calls().iter().map(|c| c.id.as_str()).collect();
+                }
+            }
+        }
+        true
+    }
+}
+
+/// What an input item is.
+enum Kind {
+    Message,
+    FunctionCall,
+    FunctionCallOutput,
+    /// Carried unread.
+    Carried,
+}
+
+fn kind_of(item: &Map<String, Value>) -> Kind {
+    match item.get("type").and_then(Value::as_str) {
+        Some("message") => Kind::Message,
+        None if item.contains_key("role") => Kind::Message,
+        Some("function_call") => Kind::FunctionCall,
+        Some("function_call_output") => Kind::FunctionCallOutput,
+        _ => Kind::Carried,
+    }
+}
+
+/// Reads `body` as a chat request, and what writing its rewrite back needs. Malformed items are OpenAI-format 400s naming the item; so is
+/// a `function_call_output` whose call is nowhere in a history the client sent whole (the
+/// upstream refuses it the same way).
+pub fn to_chat(body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyError> {
+    let mut units = Vec::new();
+    let instructions = match body.get("instructions") {
+        Some(Value::String(text)) => {
+            units.push(Unit {
+                message: Message::text(Role::System, text.clone()),
+                items: Vec::new(),
+            });
+            true
+        }
+        _ => false,
+    };
+    let input: Vec<Value> = match body.get("input") {
+        Some(Value::String(text)) => vec![json!({"role": "user", "content": text})],
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
+    };
+    let items = objects(&input)?;
+    if !is_chained(&body) {
+        no_orphan_outputs(&items)?;
+    }
+    let start = after_compaction(&items);
+    let compacted_items = start.iter().filter(|&&kept| !kept).count();
+
+    let mut trailing = Vec::new();
+    let mut open_assistant: Option<usize> = None;
+    for (at, item) in items.iter().enumerate() {
+        if !start[at] {
+            continue;
+        }
+        let raw = &input[at];
+        match kind_of(item) {
+            Kind::Message => {
+                let message = message_of(item, at)?;
+                open_assistant = (message.role == Role::Assistant).then_some(units.len());
+                let mut carried = std::mem::take(&mut trailing);
+                carried.push(raw.clone());
+                units.push(Unit {
+                    message,
+                    items: carried,
+                });
+            }
+            Kind::FunctionCall => {
+                let call = call_of(item, at)?;
+                let unit = match open_assistant {
+                    Some(unit) => unit,
+                    None => {
+                        let mut message = Message::text(Role::Assistant, "");
+                        message.content = Nullable::Null;
+                        units.push(Unit {
+                            message,
+                            items: Vec::new(),
+                        });
+                        open_assistant = Some(units.len() - 1);
+                        units.len() - 1
+                    }
+                };
+                let unit = &mut units[unit];
+                unit.items.append(&mut trailing);
+                unit.items.push(raw.clone());
+                match &mut unit.message.tool_calls {
+                    Nullable::Value(calls) => calls.push(call),
+                    other => *other = Nullable::Value(vec![call]),
+                }
+            }
+            Kind::FunctionCallOutput => {
+                let message = output_of(item, at)?;
+                open_assistant = None;
+                let mut carried = std::mem::take(&mut trailing);
+                carried.push(raw.clone());
+                units.push(Unit {
+                    message,
+                    items: carried,
+                });
+            }
+            Kind::Carried => trailing.push(raw.clone()),
+        }
+    }
+
+    let tools = tools_of(&body)?;
+    let tool_choice = body
+        .get("tool_choice")
+        .map(|choice| (chat_tool_choice(choice), choice.clone()));
+    let mut extra = Extra::new();
+    for (key, value) in &body {
+        if !OWNED_FIELDS.contains(&key.as_str()) {
+            extra.insert(key.clone(), value.clone());
+        }
+    }
+    let chat = ChatRequest {
+        model: super::model_of(&body).to_owned(),
+        messages: units.iter().map(|u| u.message.clone()).collect(),
+        stream: match body.get("stream") {
+            Some(Value::Bool(stream)) => Nullable::Value(*stream),
+            Some(Value::Null) => Nullable::Null,
+            _ => Nullable::Absent,
+        },
+        stream_options: Nullable::Absent,
+        tools: if body.contains_key("tools") {
+            Nullable::Value(tools.iter().map(|(tool, _)| tool.clone()).collect())
+        } else {
+            Nullable::Absent
+        },
+        tool_choice: tool_choice
+            .as_ref()
+            .map_or(Nullable::Absent, |(chat, _)| Nullable::Value(chat.clone())),
+        functions: Nullable::Absent,
+        function_call: Nullable::Absent,
+        response_format: Nullable::Absent,
+        extra,
+    };
+    let converted = Converted {
+        body,
+        units,
+        trailing,
+        instructions,
+        tools,
+        tool_choice,
+        compacted_items,
+    };
+    Ok((chat, converted))
+}
+
+/// The items as objects; anything else is a 400 naming it.
+fn objects(input: &[Value]) -> Result<Vec<&Map<String, Value>>, ProxyError> {
+    input
+        .iter()
+        .enumerate()
+        .map(|(at, item)| {
+            item.as_object()
+                .ok_or_else(|| invalid(format!("input[{at}]"), "expected an object"))
+        })
+        .collect()
+}
+
+/// Which items are read: with a `compaction` item, it stands for the items before it (OpenAI's
+/// advice for stateless chains), except system and developer messages, which are kept; when an
+/// output after it answers a call before it, everything is kept.
+fn after_compaction(items: &[&Map<String, Value>]) -> Vec<bool> {
+    let Some(last) = items
+        .iter()
+        .rposition(|item| item.get("type").and_then(Value::as_str) == Some("compaction"))
+    else {
+        return vec![true; items.len()];
+    };
+    let call_id = |item: &Map<String, Value>| {
+        item.get("call_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let answered_later: Vec<String> = items[last..]
+        .iter()
+        .filter(|item| matches!(kind_of(item), Kind::FunctionCallOutput))
+        .filter_map(|item| call_id(item))
+        .collect();
+    let called_before = items[..last].iter().any(|item| {
+        matches!(kind_of(item), Kind::FunctionCall)
+            && call_id(item).is_some_and(|id| answered_later.contains(&id))
+    });
+    if called_before {
+        return vec![true; items.len()];
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(at, item)| {
+            at >= last
+                || (matches!(kind_of(item), Kind::Message)
+                    && matches!(
+                        item.get("role").and_then(Value::as_str),
+                        Some("system" | "developer")
+                    ))
+        })
+        .collect()
+}
+
+/// Every `function_call_output` answers a `function_call` before it.
+fn no_orphan_outputs(items: &[&Map<String, Value>]) -> Result<(), ProxyError> {
+    let mut called: Vec<&str> = Vec::new();
+    for (at, item) in items.iter().enumerate() {
+        let id = item.get("call_id").and_then(Value::as_str);
+        match kind_of(item) {
+            Kind::FunctionCall => called.extend(id),
+            Kind::FunctionCallOutput => {
+                let id = id.ok_or_else(|| ProxyError::MissingField {
+                    field: format!("input[{at}].call_id"),
+                })?;
+                if !called.contains(&id) {
+                    return Err(invalid(
+                        format!("input[{at}].call_id"),
+                        format!("no tool call found for function call output with call_id {id}"),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn string_field<'a>(
+    item: &'a Map<String, Value>,
+    at: usize,
+    field: &str,
+) -> Result<&'a str, ProxyError> {
+    match item.get(field) {
+        Some(Value::String(text)) => Ok(text),
+        Some(_) => Err(invalid(format!("input[{at}].{field}"), "expected a string")),
+        None => Err(ProxyError::MissingField {
+            field: format!("input[{at}].{field}"),
+        }),
+    }
+}
+
+fn message_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError> {
+    let role = Role::from(string_field(item, at, "role")?);
+    let content = match item.get("content") {
+        Some(Value::String(text)) => Content::Text(text.clone()),
+        Some(Value::Array(parts)) => {
+            Content::Parts(parts_of(parts, &format!("input[{at}].content"))?)
+        }
+        Some(_) => {
+            return Err(invalid(
+                format!("input[{at}].content"),
+                "expected a string or an array of content parts",
+            ));
+        }
+        None => {
+            return Err(ProxyError::MissingField {
+                field: format!("input[{at}].content"),
+            });
+        }
+    };
+    let mut message = Message::text(role, "");
+    message.content = Nullable::Value(content);
+    Ok(message)
+}
+
+/// Content parts as chat parts: text of every kind as `text`, an image as `image_url` (so its
+/// tokens are counted as an image's), anything else kept whole.
+fn parts_of(parts: &[Value], field: &str) -> Result<Vec<ContentPart>, ProxyError> {
+    parts
+        .iter()
+        .enumerate()
+        .map(|(k, part)| {
+            let part = part
+                .as_object()
+                .ok_or_else(|| invalid(format!("{field}[{k}]"), "expected an object"))?;
+            let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+            let text = match kind {
+                "refusal" => part.get("refusal"),
+                _ => part.get("text"),
+            }
+            .and_then(Value::as_str);
+            Ok(match (kind, text) {
+                (_, Some(text)) => ContentPart {
+                    kind: "text".into(),
+                    text: Nullable::Value(text.to_owned()),
+                    extra: Extra::new(),
+                },
+                ("input_image", None) => {
+                    let mut image = Map::new();
+                    for (from, to) in [
+                        ("image_url", "url"),
+                        ("file_id", "url"),
+                        ("detail", "detail"),
+                    ] {
+                        if let Some(value) = part.get(from) {
+                            image.insert(to.into(), value.clone());
+                        }
+                    }
+                    let mut extra = Extra::new();
+                    extra.insert("image_url".into(), Value::Object(image));
+                    ContentPart {
+                        kind: "image_url".into(),
+                        text: Nullable::Absent,
+                        extra,
+                    }
+                }
+                _ => {
+                    let mut extra = part.clone();
+                    extra.remove("type");
+                    ContentPart {
+                        kind: kind.to_owned(),
+                        text: Nullable::Absent,
+                        extra,
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn call_of(item: &Map<String, Value>, at: usize) -> Result<ToolCall, ProxyError> {
+    let arguments = match item.get("arguments") {
+        Some(Value::String(arguments)) => arguments.clone(),
+        None => "{}".into(),
+        Some(_) => {
+            return Err(invalid(
+                format!("input[{at}].arguments"),
+                "expected a string",
+            ));
+        }
+    };
+    Ok(ToolCall {
+        id: string_field(item, at, "call_id")?.to_owned(),
+        kind: Some("function".into()),
+        function: FunctionCall {
+            name: string_field(item, at, "name")?.to_owned(),
+            arguments,
+            extra: Extra::new(),
+        },
+        extra: Extra::new(),
+    })
+}
+
+fn output_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError> {
+    let content = match item.get("output") {
+        Some(Value::String(text)) => Content::Text(text.clone()),
+        Some(Value::Array(parts)) => {
+            Content::Parts(parts_of(parts, &format!("input[{at}].output"))?)
+        }
+        Some(_) => {
+            return Err(invalid(
+                format!("input[{at}].output"),
+                "expected a string or an array of content parts",
+            ));
+        }
+        None => {
+            return Err(ProxyError::MissingField {
+                field: format!("input[{at}].output"),
+            });
+        }
+    };
+    let mut message = Message::text(Role::Tool, "");
+    message.content = Nullable::Value(content);
+    message.tool_call_id = Nullable::Value(string_field(item, at, "call_id")?.to_owned());
+    Ok(message)
+}
+
+/// Flat function tools (`{"type":"function","name",…}`) as chat tools; every other tool (hosted,
+/// custom, MCP) kept whole, which the tools stage never stubs or removes.
+fn tools_of(body: &ResponsesBody) -> Result<Vec<(Tool, Value)>, ProxyError> {
+    let tools = match body.get("tools") {
+        Some(Value::Array(tools)) => tools,
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(_) => return Err(invalid("tools", "expected an array of tools")),
+    };
+    tools
+        .iter()
+        .enumerate()
+        .map(|(k, tool)| {
+            let object = tool
+                .as_object()
+                .ok_or_else(|| invalid(format!("tools[{k}]"), "expected an object"))?;
+            let kind = match object.get("type") {
+                Some(Value::String(kind)) => kind.clone(),
+                _ => {
+                    return Err(ProxyError::MissingField {
+                        field: format!("tools[{k}].type"),
+                    });
+                }
+            };
+            let mut rest = object.clone();
+            rest.remove("type");
+            let converted = if kind == "function" {
+                let name = match rest.remove("name") {
+                    Some(Value::String(name)) => name,
+                    _ => {
+                        return Err(ProxyError::MissingField {
+                            field: format!("tools[{k}].name"),
+                        });
+                    }
+                };
+                let description = nullable(rest.remove("description"))
+                    .map_err(|_| invalid(format!("tools[{k}].description"), "expected a string"))?;
+                let parameters = match rest.remove("parameters") {
+                    None => Nullable::Absent,
+                    Some(Value::Null) => Nullable::Null,
+                    Some(value) => Nullable::Value(value),
+                };
+                Tool {
+                    kind,
+                    function: Some(FunctionDefinition {
+                        name,
+                        description,
+                        parameters,
+                        extra: rest,
+                    }),
+                    extra: Extra::new(),
+                }
+            } else {
+                Tool {
+                    kind,
+                    function: None,
+                    extra: rest,
+                }
+            };
+            Ok((converted, tool.clone()))
+        })
+        .collect()
+}
+
+fn nullable(value: Option<Value>) -> Result<Nullable<String>, ()> {
+    match value {
+        None => Ok(Nullable::Absent),
+        Some(Value::Null) => Ok(Nullable::Null),
+        Some(Value::String(text)) => Ok(Nullable::Value(text)),
+        Some(_) => Err(()),
+    }
+}
+
+/// `{"type":"function","name":N}` as chat's `{"type":"function","function":{"name":N}}`; every
+/// other choice as it is.
+fn chat_tool_choice(choice: &Value) -> Value {
+    match choice {
+        Value::Object(map) if map.get("type").and_then(Value::as_str) == Some("function") => {
+            match map.get("name") {
+                Some(name) => json!({"type": "function", "function": {"name": name}}),
+                None => choice.clone(),
+            }
+        }
+        _ => choice.clone(),
+    }
+}
+
+/// A chat `tool_choice` as the Responses API writes it.
+pub(super) fn responses_tool_choice(choice: &Value) -> Value {
+    match choice {
+        Value::Object(map) if map.get("type").and_then(Value::as_str) == Some("function") => {
+            match map.get("function").and_then(|f| f.get("name")) {
+                Some(name) => json!({"type": "function", "name": name}),
+                None => choice.clone(),
+            }
+        }
+        _ => choice.clone(),
+    }
+}

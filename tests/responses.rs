@@ -1,0 +1,288 @@
+//! `POST /v1/responses` through the proxy against the mock: a stateless agent's history is
+//! rewritten by the chat pipeline and sent back in the Responses format, reasoning items byte for
+//! byte right before the item that followed them; streams are relayed and end complete or with a
+//! Responses error event; chained requests and other `/v1/responses/*` paths go as they came.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{client, proxy_for, start_mock};
+use ctxproxy::mock_upstream::MockOptions;
+use serde_json::{Value, json};
+
+fn reasoning(k: usize) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{k}"), "summary": [],
+           "encrypted_content": format!("gAAAAB{}", "x".repeat(40) + &k.to_string())})
+}
+
+/// A support agent's stateless history: per turn a question, a reasoning item, a call, its
+/// result (a sizeable JSON) and an answer; a hosted call and an unknown item in the middle; a
+/// last question.
+fn agent_history(turns: usize) -> Value {
+    let mut input = Vec::new();
+    for k in 0..turns {
+        input.push(json!({"role": "user", "content": format!("What is the status of order {}?", 4700 + k)}));
+        input.push(reasoning(k));
+        input.push(
+            json!({"type": "function_call", "call_id": format!("call_{k}"), "name": "get_order",
+                          "arguments": format!("{{\"order_id\":\"{}\"}}", 4700 + k)}),
+        );
+        let items: Vec<Value> = (0..12)
+            .map(|i| json!({"sku": format!("SKU-{k}-{i}"), "name": format!("Item number {i} of order {k}"), "qty": i + 1}))
+            .collect();
+        input.push(json!({"type": "function_call_output", "call_id": format!("call_{k}"),
+                          "output": json!({"order_id": 4700 + k, "status": "shipped", "carrier": "DHL",
+                                            "tracking": format!("TRK{k:06}"), "items": items}).to_string()}));
+        input.push(json!({"type": "message", "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": format!("Order {} has shipped with DHL.", 4700 + k), "annotations": []}]}));
+        if k == turns / 2 {
+            input.push(
+                json!({"type": "web_search_call", "id": "ws_1", "status": "completed",
+                              "action": {"type": "search", "query": "DHL delays"}}),
+            );
+            input.push(json!({"type": "future_item", "id": "fi_1"}));
+        }
+    }
+    input.push(json!({"role": "user", "content": "And what about order 4711, the last one?"}));
+    json!({
+        "model": "gpt-4o",
+        "store": false,
+        "instructions": "You are a support agent for an online shop.",
+        "include": ["reasoning.encrypted_content"],
+        "input": input,
+        "tools": [
+            {"type": "function", "name": "get_order", "description": "Look up an order by id.",
+             "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}},
+            {"type": "web_search"}
+        ],
+        "text": {"verbosity": "low"}
+    })
+}
+
+/// Every reasoning item of `sent` is one of `client`'s, still followed by the item that
+/// followed it there.
+fn reasoning_in_place(client: &Value, sent: &Value) -> bool {
+    let (client, sent) = (
+        client["input"].as_array().unwrap(),
+        sent["input"].as_array().unwrap(),
+    );
+    sent.iter().enumerate().all(|(k, item)| {
+        item["type"] != "reasoning"
+            || client
+                .iter()
+                .position(|c| c == item)
+                .is_some_and(|at| client.get(at + 1) == sent.get(k + 1))
+    })
+}
+
+async fn post(proxy: &common::Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().post(proxy.url("/v1/responses")).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_long_history_is_rewritten_and_each_reasoning_item_stays_with_its_item() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let body = agent_history(14);
+    let answer = post(
+        &proxy,
+        &body,
+        &[("X-Mock-Echo", "1"), ("X-Ctxproxy-Budget", "1500")],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let header = |name: &str| {
+        answer.headers()[name]
+            .to_str()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
+    let (before, after) = (
+        header("x-ctxproxy-tokens-before"),
+        header("x-ctxproxy-tokens-after"),
+    );
+    assert!(after < before / 2, "rewritten: {before} -> {after}");
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["object"], "response");
+    let sent = &answer["mock_echo"]["body"];
+    assert!(reasoning_in_place(&body, sent), "{sent}");
+    let items = sent["input"].as_array().unwrap();
+    assert!(items.len() < body["input"].as_array().unwrap().len());
+    assert_eq!(items.last(), body["input"].as_array().unwrap().last());
+    // The latest tool steps are kept whole, their reasoning with them.
+    assert!(items.contains(&reasoning(13)));
+    // Hosted and unknown items are never altered: kept byte for byte, or left out with their turn.
+    for kept in items
+        .iter()
+        .filter(|i| i["type"] == "web_search_call" || i["type"] == "future_item")
+    {
+        assert!(body["input"].as_array().unwrap().contains(kept));
+    }
+    // What the pipeline does not own is the client's.
+    for field in ["store", "include", "text", "tools", "model"] {
+        assert_eq!(sent[field], body[field], "{field}");
+    }
+    assert!(
+        sent["instructions"]
+            .as_str()
+            .unwrap()
+            .starts_with("You are a support agent for an online shop.")
+    );
+}
+
+#[tokio::test]
+async fn a_stream_is_relayed_whole_and_its_usage_counted() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let mut body = agent_history(3);
+    body["stream"] = json!(true);
+    body["model"] = json!("gpt-5");
+    let answer = post(&proxy, &body, &[]).await;
+    assert_eq!(answer.status(), 200);
+    let text = answer.text().await.unwrap();
+    assert!(text.starts_with("event: response.created"), "{text}");
+    assert!(text.contains("event: response.completed"), "{text}");
+    assert!(!text.contains("[DONE]"));
+    let prompt = proxy
+        .metric("ctxproxy_usage_tokens_total", &[("kind", "prompt")])
+        .await;
+    assert!(prompt > 0.0, "usage counted from response.completed");
+    let reasoning = proxy
+        .metric("ctxproxy_usage_tokens_total", &[("kind", "reasoning")])
+        .await;
+    assert!(reasoning > 0.0, "a reasoning model's reasoning tokens");
+    let requests = proxy
+        .metric("ctxproxy_requests_total", &[("route", "responses")])
+        .await;
+    assert!(requests >= 1.0);
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_midway_ends_with_a_responses_error_event() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let mut body = agent_history(1);
+    body["stream"] = json!(true);
+    for fault in ["reset-after=2", "early-end-after=2"] {
+        let answer = post(&proxy, &body, &[("X-Mock-Stream-Fault", fault)]).await;
+        let text = answer.text().await.unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.starts_with("event: error\ndata: "), "{fault}: {text}");
+        let data: Value = serde_json::from_str(last.split_once("data: ").unwrap().1).unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["code"], "upstream_stream_interrupted");
+    }
+}
+
+#[tokio::test]
+async fn a_chained_request_goes_as_the_client_wrote_it() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let mut body = agent_history(14);
+    body["previous_response_id"] = json!("resp_123");
+    let answer = post(
+        &proxy,
+        &body,
+        &[("X-Mock-Echo", "1"), ("X-Ctxproxy-Budget", "1500")],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"], body);
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors_and_unknown_items_pass_in_place() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let orphan = json!({"model": "gpt-4o", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call_output", "call_id": "call_9", "output": "42"}
+    ]});
+    let answer = post(&proxy, &orphan, &[]).await;
+    assert_eq!(answer.status(), 400);
+    let error: Value = answer.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "input[1].call_id");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("call_9")
+    );
+
+    for (input, param) in [
+        (json!([1]), "input[0]"),
+        (
+            json!([{"type": "function_call", "name": "f"}]),
+            "input[0].call_id",
+        ),
+        (json!(7), "input"),
+    ] {
+        let answer = post(&proxy, &json!({"model": "gpt-4o", "input": input}), &[]).await;
+        assert_eq!(answer.status(), 400);
+        let error: Value = answer.json().await.unwrap();
+        assert_eq!(error["error"]["param"], param, "{error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+    }
+
+    let unknown = json!({"model": "gpt-4o", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "future_item", "payload": {"a": 1}},
+        {"role": "user", "content": "there"}
+    ]});
+    let answer = post(&proxy, &unknown, &[("X-Mock-Echo", "1")]).await;
+    assert_eq!(answer.status(), 200);
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"]["input"], unknown["input"]);
+
+    let string_input = json!({"model": "gpt-4o", "input": "hello"});
+    let answer = post(&proxy, &string_input, &[("X-Mock-Echo", "1")]).await;
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"], string_input);
+}
+
+#[tokio::test]
+async fn other_responses_paths_pass_through_routed() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/responses/resp_1"),
+        (reqwest::Method::GET, "/v1/responses/resp_1/input_items"),
+        (reqwest::Method::DELETE, "/v1/responses/resp_1"),
+    ] {
+        let answer = client()
+            .request(method.clone(), proxy.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.status(),
+            404,
+            "{method} {path}: the mock stores nothing"
+        );
+        let error: Value = answer.json().await.unwrap();
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("resp_1")
+        );
+    }
+}
+
+#[tokio::test]
+async fn explain_answers_a_responses_body_with_its_rewrite() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let body = agent_history(14);
+    let explained = proxy.explain(&body, &[("X-Ctxproxy-Budget", "1500")]).await;
+    let sent = &explained["request"];
+    assert!(sent["input"].is_array() && sent.get("messages").is_none());
+    assert!(reasoning_in_place(&body, sent));
+    assert!(explained["tokens_after"].as_u64() < explained["tokens_before"].as_u64());
+}
