@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::{client, proxy_for, start_mock};
-use ctxproxy::mock_upstream::MockOptions;
+use common::{Mock, client, proxy_for, start_mock};
+use ctxproxy::mock_upstream::{MockOptions, MockStats};
+use ctxproxy::pipeline::recall;
 use serde_json::{Value, json};
 
 fn reasoning(k: usize) -> Value {
@@ -285,4 +286,130 @@ async fn explain_answers_a_responses_body_with_its_rewrite() {
     assert!(sent["input"].is_array() && sent.get("messages").is_none());
     assert!(reasoning_in_place(&body, sent));
     assert!(explained["tokens_after"].as_u64() < explained["tokens_before"].as_u64());
+}
+
+/// Tools filtered whatever their size, definitions of later needs in place, old results cleared.
+fn filtering(mock: &Mock) -> String {
+    format!(
+        "[upstream]\nbase_url = \"{}\"\ntool_definitions = \"in_place\"\n\
+         [tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n\
+         [pipeline.compact]\nclear_at_least_tokens = 0\n",
+        mock.base_url()
+    )
+}
+
+/// A question no tool's words name, with two function tools and a hosted one.
+fn deferred(stream: bool) -> Value {
+    json!({
+        "model": "gpt-4o", "store": false, "stream": stream,
+        "input": [{"role": "user", "content": "Do I need an umbrella in Paris tomorrow?"}],
+        "tools": [
+            {"type": "function", "name": "get_weather", "description": "Weather for a city.",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            {"type": "function", "name": "send_email", "description": "Send an email.",
+             "parameters": {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}},
+            {"type": "web_search"}
+        ]
+    })
+}
+
+#[tokio::test]
+async fn a_call_to_a_stub_is_asked_again_and_the_client_gets_only_the_full_call() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let body = deferred(false);
+    let explained = proxy.explain(&body, &[]).await;
+    let stubbed = explained["request"]["tools"].to_string();
+    assert!(!stubbed.contains("\"city\""), "sent as stubs: {stubbed}");
+    assert!(
+        stubbed.contains("web_search"),
+        "a hosted tool is never left out"
+    );
+
+    let answer = post(
+        &proxy,
+        &body,
+        &[("X-Mock-Tool-Call", "get_weather"), ("X-Mock-Echo", "1")],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-ctxproxy-tools-expanded"], "get_weather");
+    let answer: Value = answer.json().await.unwrap();
+    let call = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap();
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(
+        serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap(),
+        json!({"city": "mock"})
+    );
+    // The re-ask defined the tool; usage sums both calls.
+    let reasked = answer["mock_echo"]["body"].to_string();
+    assert!(
+        reasked.contains("\\\"city\\\"") || reasked.contains("\"city\""),
+        "{reasked}"
+    );
+    assert_eq!(MockStats::get(&mock.stats.responses_requests), 2);
+    assert!(answer["usage"]["input_tokens"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn a_streamed_request_sends_its_tools_whole() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let body = deferred(true);
+    let explained = proxy.explain(&body, &[]).await;
+    assert_eq!(explained["request"]["tools"], body["tools"]);
+    let answer = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
+    let text = answer.text().await.unwrap();
+    assert!(
+        text.contains("\"name\":\"get_weather\"") && text.contains("event: response.completed")
+    );
+    assert_eq!(MockStats::get(&mock.stats.responses_requests), 1);
+}
+
+#[tokio::test]
+async fn a_recall_is_answered_by_the_proxy_on_a_json_answer() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut body = agent_history(8);
+    body["model"] = json!("gpt-4o");
+    let explained = proxy.explain(&body, &[]).await;
+    let sent = &explained["request"];
+    assert_eq!(
+        sent["tools"].as_array().unwrap().last().unwrap()["name"],
+        recall::TOOL_NAME
+    );
+    assert!(
+        sent["input"].to_string().contains("recall rc-"),
+        "a cleared result names its handle"
+    );
+    let answer = post(
+        &proxy,
+        &body,
+        &[("X-Mock-Recall", "first"), ("X-Mock-Echo", "1")],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    assert!(answer.headers().contains_key("x-ctxproxy-recalled"));
+    let answer: Value = answer.json().await.unwrap();
+    assert!(
+        answer["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|item| item["type"] != "function_call"),
+        "the client never sees the recall call: {answer}"
+    );
+    let reasked = &answer["mock_echo"]["body"]["input"];
+    let pair: Vec<&Value> = reasked
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["name"] == recall::TOOL_NAME || item["type"] == "function_call_output")
+        .collect();
+    assert!(pair.iter().any(|item| item["name"] == recall::TOOL_NAME));
 }

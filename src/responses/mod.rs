@@ -74,6 +74,30 @@ pub fn is_chained(body: &ResponsesBody) -> bool {
         .any(|key| body.get(*key).is_some_and(|v| !v.is_null()))
 }
 
+/// A Responses answer (a Response object) as a chat completion with the same function calls:
+/// what the expansion of stub calls reads. `{"choices":[{"index":0,"message":{"role":
+/// "assistant","tool_calls":[…]}}]}`, each `function_call` output item as a tool call.
+pub fn answer_as_chat(response: &Value) -> Value {
+    let calls: Vec<Value> = response
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("function_call"))
+        .map(|item| {
+            serde_json::json!({
+                "id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {
+                    "name": item.get("name").cloned().unwrap_or(Value::Null),
+                    "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+                },
+            })
+        })
+        .collect();
+    serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": calls}}]})
+}
+
 /// Whether every reasoning item of `sent` is one of `client`'s, byte for byte, still followed
 /// by the item that followed it there (the upstream refuses a reasoning item without it).
 pub fn reasoning_in_place(client: &ResponsesBody, sent: &ResponsesBody) -> bool {

@@ -48,7 +48,7 @@ pub struct ChatCall<'a> {
     pub bytes: Bytes,
     pub chat: ChatRequest,
     /// A Responses API body, read as `chat`: what writing its rewrite back needs.
-    pub responses: Option<Box<responses::Converted>>,
+    pub responses: Option<Arc<responses::Converted>>,
     pub upstream: &'a Arc<Upstream>,
     pub mode: Mode,
     /// Whose caches and conversation state these are (see `scope.rs`).
@@ -105,7 +105,7 @@ impl<'a> ChatCall<'a> {
         };
         let (chat, responses) = if is_responses {
             let (chat, converted) = responses::to_chat(responses::parse(&bytes)?)?;
-            (chat, Some(Box::new(converted)))
+            (chat, Some(Arc::new(converted)))
         } else {
             (ChatRequest::parse(&bytes)?, None)
         };
@@ -149,10 +149,11 @@ impl<'a> ChatCall<'a> {
         self.responses.as_ref().is_none_or(|c| c.rewritable())
     }
 
-    /// Whether this request reads and writes the conversation's sticky tool categories.
+    /// Whether this request reads the conversation's sticky tool categories (a Responses
+    /// request's answer does not write them: it reads chat answers, see `send.rs`).
     pub fn uses_tool_state(&self) -> bool {
         self.mode != Mode::Off
-            && self.responses.is_none()
+            && !(self.responses.is_some() && self.chat.is_stream())
             && self.state.config.pipeline.tools.enabled
             && self.chat.tools.get().is_some_and(|t| !t.is_empty())
     }
@@ -274,7 +275,10 @@ impl<'a> ChatCall<'a> {
             tokio::join!(conversation, learned::refresh(state, self.upstream));
         let config = match self.api() {
             Api::Chat => self.upstream.pipeline(),
-            Api::Responses => self.upstream.responses_pipeline(),
+            // A Responses stream's call to a stub or to the recall tool cannot be answered yet
+            // (a JSON answer's can): its tools go whole.
+            Api::Responses if self.chat.is_stream() => self.upstream.responses_pipeline(),
+            Api::Responses => self.upstream.pipeline(),
         };
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state

@@ -306,6 +306,7 @@ impl ChatCall<'_> {
                 labels,
                 conversation,
             )
+            .map(|call| call.written_as(self.responses.clone()))
         });
         if let Some(all_full) = expansion
             .as_ref()
@@ -368,7 +369,7 @@ impl ChatCall<'_> {
                 .with_sent(sent_tokens, expanded)
                 .for_api(api),
             ));
-            let tool_state = self.uses_tool_state();
+            let tool_state = self.uses_tool_state() && api == Api::Chat;
             if let Some(conversation) = self.conversation.filter(|_| tool_state) {
                 observers.push(Box::new(StickyUpdate::new(
                     state.clone(),

@@ -28,6 +28,7 @@ use crate::pipeline::config::Definitions;
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::tools::inline::{self, defined_stubs, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
+use crate::responses;
 use crate::server::learned::{self, Lesson};
 use crate::server::meter;
 use crate::server::{SharedState, recall_marks};
@@ -71,6 +72,9 @@ pub struct ExpandCall {
     /// The stream's usage was asked for on the client's behalf.
     stream_usage: bool,
     labels: ChatLabels,
+    /// A Responses API request: its re-asks are written back as Responses bodies, and its
+    /// answers read as Responses.
+    responses: Option<Arc<responses::Converted>>,
 }
 
 /// What the proxy answers `ctxproxy_recall` with: the originals of the rewrite's handles, from
@@ -154,7 +158,31 @@ impl ExpandCall {
             all_full: false,
             stream_usage,
             labels: labels.clone(),
+            responses: None,
         })
+    }
+
+    /// Re-asks written as the Responses body `converted` was read from (`None`: chat).
+    pub fn written_as(mut self, converted: Option<Arc<responses::Converted>>) -> ExpandCall {
+        self.responses = converted;
+        self
+    }
+
+    /// An answer as chat reads it: a Responses answer's function calls as a chat completion's
+    /// (`responses::answer_as_chat`).
+    fn as_chat<'v>(&self, answer: &'v Value) -> std::borrow::Cow<'v, Value> {
+        match &self.responses {
+            Some(_) => std::borrow::Cow::Owned(responses::answer_as_chat(answer)),
+            None => std::borrow::Cow::Borrowed(answer),
+        }
+    }
+
+    /// `request` as the upstream is sent it: chat, or the Responses body it rewrites.
+    fn serialized(&self, request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error> {
+        match &self.responses {
+            Some(converted) => serde_json::to_vec(&responses::from_chat(converted, request)),
+            None => serde_json::to_vec(request),
+        }
     }
 
     /// The names whose calls the answer is watched for: the stubs, and `ctxproxy_recall`.
@@ -271,8 +299,9 @@ impl ExpandCall {
     /// The body of the request as it is now, after what it watches for is brought up to date.
     fn body(&mut self) -> Result<Bytes, ProxyError> {
         self.watch();
-        let body =
-            serde_json::to_vec(&self.request).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let body = self
+            .serialized(&self.request)
+            .map_err(|e| ProxyError::Internal(e.to_string()))?;
         Ok(self.as_sent(body))
     }
 
@@ -321,7 +350,7 @@ impl ExpandCall {
         let tools = self.request.tools.get()?;
         let mut request = self.request.clone();
         request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
-        serde_json::to_vec(&request)
+        self.serialized(&request)
             .ok()
             .map(|body| self.as_sent(body))
     }
@@ -425,6 +454,15 @@ pub async fn expand(
         });
     }
     if is_event_stream(answer.response.headers()) {
+        if call.responses.is_some() {
+            // Not expanded on this API (its requests that stream send every tool in full).
+            return Ok(Expanded {
+                answer,
+                expanded: Vec::new(),
+                sent,
+                recalled: Vec::new(),
+            });
+        }
         return Ok(expand_stream(call, answer, sent));
     }
     // An answer too large to read whole is not a tool call: relayed as it comes.
@@ -463,14 +501,15 @@ async fn expand_json(
     let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
     loop {
-        let called = called_stubs(&answer, &call.watched());
+        let answer_calls = call.as_chat(&answer);
+        let called = called_stubs(&answer_calls, &call.watched());
         if !called.is_empty() {
-            sent = call.re_ask(&called, calls_of(&answer, recall::TOOL_NAME))?;
+            sent = call.re_ask(&called, calls_of(&answer_calls, recall::TOOL_NAME))?;
             note(
                 &mut expanded,
                 called.into_iter().filter(|c| c != recall::TOOL_NAME),
             );
-        } else if let Some(failed) = call.failing(&answer) {
+        } else if let Some(failed) = call.failing(&answer_calls) {
             sent = call.define_in_block(&failed)?;
             note(&mut expanded, failed.tools);
         } else {
