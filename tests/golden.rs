@@ -21,10 +21,16 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
     );
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let request: ChatRequest = serde_json::from_value(fixture["request"].clone()).unwrap();
+    let rewrite = run(&request, config, &fixture);
+    json!({"report": rewrite.report, "request": rewrite.request})
+}
+
+/// The pipeline over `request`, with the fixture's budget and nothing remembered.
+fn run(request: &ChatRequest, config: &PipelineConfig, fixture: &Value) -> pipeline::Rewrite {
     let budget = fixture["budget"].as_u64().unwrap() as usize;
     let counter = TokenCounter::new(Encoding::O200kBase);
-    let rewrite = pipeline::run(
-        &request,
+    pipeline::run(
+        request,
         &pipeline::Env {
             config,
             counter: &counter,
@@ -34,12 +40,11 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
             reinforcement: None,
             remembered: None,
         },
-    );
-    json!({"report": rewrite.report, "request": rewrite.request})
+    )
 }
 
-/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten as the
-/// `/v1/responses` route does (tools whole, no recall tool), and written back.
+/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten as a streamed
+/// `/v1/responses` request is (tools whole, no recall tool), and written back.
 fn rewrite_responses(name: &str) -> Value {
     let path = format!(
         "{}/tests/fixtures/responses/{name}.json",
@@ -48,21 +53,8 @@ fn rewrite_responses(name: &str) -> Value {
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let body = fixture["request"].as_object().unwrap().clone();
     let (chat, converted) = responses::to_chat(body).unwrap();
-    let budget = fixture["budget"].as_u64().unwrap() as usize;
     let config = ctxproxy::upstream::responses_pipeline(&whole());
-    let counter = TokenCounter::new(Encoding::O200kBase);
-    let rewrite = pipeline::run(
-        &chat,
-        &pipeline::Env {
-            config: &config,
-            counter: &counter,
-            memo: &Memo::default(),
-            budget,
-            sticky_categories: &[],
-            reinforcement: None,
-            remembered: None,
-        },
-    );
+    let rewrite = run(&chat, &config, &fixture);
     let sent = responses::from_chat(&converted, &rewrite.request);
     assert!(responses::reasoning_in_place(
         converted.client_body(),

@@ -121,6 +121,14 @@ impl Message {
         }
     }
 
+    /// The text of the content: the string, or its text parts joined ("" without content).
+    pub fn content_text(&self) -> String {
+        self.content
+            .get()
+            .map(|c| c.text().into_owned())
+            .unwrap_or_default()
+    }
+
     /// The tool calls of an assistant message; empty for every other message.
     pub fn tool_calls(&self) -> &[ToolCall] {
         self.tool_calls.get().map_or(&[], Vec::as_slice)

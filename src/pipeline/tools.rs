@@ -73,14 +73,6 @@ impl Reason {
     }
 }
 
-fn message_text(message: &Message) -> String {
-    message
-        .content
-        .get()
-        .map(|c| c.text().into_owned())
-        .unwrap_or_default()
-}
-
 /// Shortest keyword word that also matches longer words it starts ("cancel" matches
 /// "cancellation", "book" matches "booking").
 const PREFIX_MIN_CHARS: usize = 4;
@@ -136,7 +128,7 @@ fn context_words(messages: &[Message], turns: usize, chars: usize) -> Vec<Vec<St
         .iter()
         .filter(|m| matches!(m.role, Role::User | Role::Assistant))
         .map(|m| {
-            let text: String = message_text(m).chars().take(chars).collect();
+            let text: String = m.content_text().chars().take(chars).collect();
             content_words(&text)
         })
         .filter(|w| !w.is_empty())
@@ -561,16 +553,16 @@ fn turn_scores(
     let mut current: Vec<String> = messages
         .get(start)
         .filter(|m| m.role == Role::User)
-        .map(|m| content_words(&message_text(m)))
+        .map(|m| content_words(&m.content_text()))
         .unwrap_or_default();
     if let Some(asked) = messages[..start]
         .iter()
         .rev()
         .take_while(|m| m.role != Role::User)
-        .find(|m| m.role == Role::Assistant && !message_text(m).trim().is_empty())
+        .find(|m| m.role == Role::Assistant && !m.content_text().trim().is_empty())
     {
         current.extend(content_words(last_chars(
-            &message_text(asked),
+            &asked.content_text(),
             config.context_chars,
         )));
     }

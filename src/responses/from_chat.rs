@@ -42,7 +42,7 @@ pub fn from_chat(converted: &Converted, rewritten: &ChatRequest) -> ResponsesBod
                 .cloned()
                 .unwrap_or(Value::Null)
         } else {
-            Value::String(text_of(first))
+            Value::String(first.content_text())
         });
         messages = rest;
     }
@@ -149,7 +149,7 @@ fn compacted(unit: &Unit, message: &Message, input: &mut Vec<Value>) {
         }
         let mut item = item.clone();
         if let Some(object) = item.as_object_mut() {
-            object.insert("output".into(), Value::String(text_of(message)));
+            object.insert("output".into(), Value::String(message.content_text()));
         }
         input.push(item);
     }
@@ -161,10 +161,10 @@ fn new_items(message: &Message, input: &mut Vec<Value>) {
         Role::Tool => input.push(json!({
             "type": "function_call_output",
             "call_id": message.tool_call_id.get().cloned().unwrap_or_default(),
-            "output": text_of(message),
+            "output": message.content_text(),
         })),
         Role::Assistant => {
-            let text = text_of(message);
+            let text = message.content_text();
             if !text.is_empty() {
                 input.push(json!({"role": "assistant", "content": text}));
             }
@@ -177,16 +177,8 @@ fn new_items(message: &Message, input: &mut Vec<Value>) {
                 }));
             }
         }
-        _ => input.push(json!({"role": message.role.as_str(), "content": text_of(message)})),
+        _ => input.push(json!({"role": message.role.as_str(), "content": message.content_text()})),
     }
-}
-
-fn text_of(message: &Message) -> String {
-    message
-        .content
-        .get()
-        .map(|c| c.text().into_owned())
-        .unwrap_or_default()
 }
 
 /// `input` as sent: the client's string when it is all that is left, unchanged.

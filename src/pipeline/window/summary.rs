@@ -78,14 +78,6 @@ fn summary_key(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> u64 {
     hasher.finish()
 }
 
-fn text_of(message: &Message) -> String {
-    message
-        .content
-        .get()
-        .map(|c| c.text().into_owned())
-        .unwrap_or_default()
-}
-
 /// Words ranked by frequency, ties by first appearance.
 fn ranked_words<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
@@ -110,12 +102,12 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
     let user_texts: Vec<String> = messages
         .iter()
         .filter(|m| m.role == Role::User)
-        .map(|m| text_of(m))
+        .map(|m| m.content_text())
         .collect();
     let assistant_texts: Vec<String> = messages
         .iter()
         .filter(|m| m.role == Role::Assistant)
-        .map(|m| text_of(m))
+        .map(|m| m.content_text())
         .filter(|t| !t.trim().is_empty())
         .collect();
     let tool_names: Vec<String> = messages
@@ -190,13 +182,12 @@ fn open_questions(turns: &[Turn<'_>]) -> Vec<String> {
     let Some(last) = turns.last() else {
         return Vec::new();
     };
-    let last_text =
-        last.messages.iter().rev().find(|m| {
-            matches!(m.role, Role::Assistant | Role::User) && !text_of(m).trim().is_empty()
-        });
+    let last_text = last.messages.iter().rev().find(|m| {
+        matches!(m.role, Role::Assistant | Role::User) && !m.content_text().trim().is_empty()
+    });
     last_text
         .map(|m| {
-            sentences(&text_of(m))
+            sentences(&m.content_text())
                 .into_iter()
                 .filter(|s| s.ends_with('?'))
                 .map(|s| truncate_words(s, 12))
