@@ -330,26 +330,24 @@ fn string_field<'a>(
 
 fn message_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError> {
     let role = Role::from(string_field(item, at, "role")?);
-    let content = match item.get("content") {
-        Some(Value::String(text)) => Content::Text(text.clone()),
-        Some(Value::Array(parts)) => {
-            Content::Parts(parts_of(parts, &format!("input[{at}].content"))?)
-        }
-        Some(_) => {
-            return Err(invalid(
-                format!("input[{at}].content"),
-                "expected a string or an array of content parts",
-            ));
-        }
-        None => {
-            return Err(ProxyError::MissingField {
-                field: format!("input[{at}].content"),
-            });
-        }
-    };
+    let content = content_of(item, at, "content")?;
     let mut message = Message::text(role, "");
     message.content = Nullable::Value(content);
     Ok(message)
+}
+
+/// An item's `field` (`content`, `output`): a string, or content parts.
+fn content_of(item: &Map<String, Value>, at: usize, field: &str) -> Result<Content, ProxyError> {
+    let name = format!("input[{at}].{field}");
+    match item.get(field) {
+        Some(Value::String(text)) => Ok(Content::Text(text.clone())),
+        Some(Value::Array(parts)) => Ok(Content::Parts(parts_of(parts, &name)?)),
+        Some(_) => Err(invalid(
+            name,
+            "expected a string or an array of content parts",
+        )),
+        None => Err(ProxyError::MissingField { field: name }),
+    }
 }
 
 /// Content parts as chat parts: text of every kind as `text`, an image as `image_url` (so its
@@ -431,23 +429,7 @@ fn call_of(item: &Map<String, Value>, at: usize) -> Result<ToolCall, ProxyError>
 }
 
 fn output_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError> {
-    let content = match item.get("output") {
-        Some(Value::String(text)) => Content::Text(text.clone()),
-        Some(Value::Array(parts)) => {
-            Content::Parts(parts_of(parts, &format!("input[{at}].output"))?)
-        }
-        Some(_) => {
-            return Err(invalid(
-                format!("input[{at}].output"),
-                "expected a string or an array of content parts",
-            ));
-        }
-        None => {
-            return Err(ProxyError::MissingField {
-                field: format!("input[{at}].output"),
-            });
-        }
-    };
+    let content = content_of(item, at, "output")?;
     let mut message = Message::text(Role::Tool, "");
     message.content = Nullable::Value(content);
     message.tool_call_id = Nullable::Value(string_field(item, at, "call_id")?.to_owned());
