@@ -26,11 +26,7 @@ pub async fn chat_completions(
     Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Response<Body> {
-    let mut log = CallLog::start(&state, &context, request.headers());
-    let response = serve(&state, &context, request, Entry::Chat, &mut log)
-        .await
-        .unwrap_or_else(IntoResponse::into_response);
-    log.finish(&state, response)
+    answer(&state, &context, request, Entry::Chat).await
 }
 
 /// `POST /v1/responses`: the same phases, the body read as a chat request and the rewrite
@@ -40,11 +36,21 @@ pub async fn responses(
     Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Response<Body> {
-    let mut log = CallLog::start(&state, &context, request.headers());
-    let response = serve(&state, &context, request, Entry::Responses, &mut log)
+    answer(&state, &context, request, Entry::Responses).await
+}
+
+/// The response to a request of `entry`, through its one exit ([`CallLog::finish`]).
+async fn answer(
+    state: &SharedState,
+    context: &RequestContext,
+    request: Request,
+    entry: Entry,
+) -> Response<Body> {
+    let mut log = CallLog::start(state, context, request.headers());
+    let response = serve(state, context, request, entry, &mut log)
         .await
         .unwrap_or_else(IntoResponse::into_response);
-    log.finish(&state, response)
+    log.finish(state, response)
 }
 
 async fn serve(
