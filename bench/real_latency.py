@@ -8,7 +8,8 @@
 
 Starts `ctxproxy mock-upstream` and `ctxproxy serve` (config.toml, memory store, log level warn)
 on free 127.0.0.1 ports. Each request body of a file (one `POST /v1/chat/completions` body per
-line, read by path from ../shared/data, $DATA) is sent to the mock directly and then through the
+line, or one `POST /v1/responses` body as ../shared/tools/convert_responses.py writes them; read by
+path from ../shared/data, $DATA) is sent to the mock directly and then through the
 proxy, each on its own keep-alive connection, one at a time; the time of each (from the request's
 first byte to the answer's last) is taken and the difference, proxy minus direct, is what the
 proxy added to that request. Per run it prints requests, the median body, the added p50 / p90 /
@@ -79,6 +80,7 @@ BIN = os.environ.get("CTXPROXY_BIN") or os.path.join(_TARGET, "release", "ctxpro
 DATA = os.environ.get("DATA", os.path.join(ROOT, "..", "shared", "data"))
 CONFIG = os.environ.get("BENCH_CONFIG", os.path.join(ROOT, "config.toml"))
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 HEADERS = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 
 DEFAULT_RUNS = [
@@ -205,7 +207,7 @@ class Servers:
 def send(conn, body):
     """One request on a keep-alive connection: (status, seconds, X-Ctxproxy-Cache, body)."""
     t0 = time.perf_counter()
-    conn.request("POST", CHAT, body=body, headers=HEADERS)
+    conn.request("POST", RESPONSES if is_responses(body) else CHAT, body=body, headers=HEADERS)
     resp = conn.getresponse()
     data = resp.read()
     elapsed = time.perf_counter() - t0
@@ -214,11 +216,28 @@ def send(conn, body):
     return resp.status, elapsed, resp.getheader("X-Ctxproxy-Cache"), data
 
 
+def is_responses(body):
+    """A Responses API body (`input`, no `messages`, as convert_responses.py writes them): sent to
+    /v1/responses."""
+    return b'"messages"' not in body and b'"input"' in body
+
+
+def messages_of(request):
+    """The chat messages of a body, or a Responses body's `instructions` and message items."""
+    if "messages" in request or "input" not in request:
+        return request.get("messages", [])
+    out = [{"role": "system", "content": request["instructions"]}] if request.get("instructions") else []
+    items = request["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    return out + [i for i in items if i.get("type", "message") == "message" and "role" in i]
+
+
 def conversation_key(body):
     """The proxy's conversation without X-Conversation-Id or `user`: first system + first user text."""
     request = json.loads(body)
     system = user = None
-    for m in request.get("messages", []):
+    for m in messages_of(request):
         if system is None and m.get("role") == "system":
             system = json.dumps(m.get("content"), sort_keys=True)
         if user is None and m.get("role") == "user":
@@ -250,9 +269,14 @@ def primers(bodies, indices):
     seen = {}
     for i in indices:
         request = json.loads(bodies[i])
-        system = [m for m in request.get("messages", [])[:1] if m.get("role") == "system"]
-        primer = {"model": request.get("model"), "messages": system + [
-            {"role": "user", "content": "Benchmark warm-up: a conversation of its own."}]}
+        warm_up = {"role": "user", "content": "Benchmark warm-up: a conversation of its own."}
+        if is_responses(bodies[i]):
+            primer = {"model": request.get("model"), "input": [warm_up]}
+            if request.get("instructions"):
+                primer["instructions"] = request["instructions"]
+        else:
+            system = [m for m in request.get("messages", [])[:1] if m.get("role") == "system"]
+            primer = {"model": request.get("model"), "messages": system + [warm_up]}
         if request.get("tools"):
             primer["tools"] = request["tools"]
         body = json.dumps(primer).encode()
@@ -288,7 +312,8 @@ def measure(servers, bodies, indices, rows, errors, label):
             row[name + "_status"] = status
             if name == "proxy":
                 row["cache"] = cache
-            if not 200 <= status < 300 or b'"chat.completion"' not in data:
+            answered = b'"chat.completion"' in data or b'"object":"response"' in data
+            if not 200 <= status < 300 or not answered:
                 errors.append(f"{label} #{i} {name}: {status} {data[:200]!r}")
             elif name == "proxy" and cache != "bypass":
                 errors.append(f"{label} #{i} proxy: X-Ctxproxy-Cache {cache!r}, expected 'bypass'")
