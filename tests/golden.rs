@@ -57,7 +57,7 @@ fn rewrite_responses(name: &str) -> Value {
     let rewrite = run(&chat, &config, &fixture);
     let sent = responses::from_chat(&converted, &rewrite.request);
     assert!(responses::reasoning_in_place(
-        converted.client_body(),
+        &converted.client_body(),
         &sent
     ));
     json!({"report": rewrite.report, "compacted_items": converted.compacted_items, "request": sent})

@@ -156,7 +156,7 @@ impl LineRequest {
             return true;
         };
         let sent = responses::from_chat(converted, rewritten);
-        responses::reasoning_in_place(converted.client_body(), &sent)
+        responses::reasoning_in_place(&converted.client_body(), &sent)
     }
 }
 

@@ -53,9 +53,14 @@ pub(super) struct Unit {
 }
 
 impl Converted {
-    /// The client's body.
-    pub fn client_body(&self) -> &ResponsesBody {
-        &self.body
+    /// The client's body, with the items read (those a `compaction` item stands for left out).
+    pub fn client_body(&self) -> ResponsesBody {
+        let mut body = self.body.clone();
+        if let Some(input @ Value::Null) = body.get_mut("input") {
+            let items = self.units.iter().flat_map(|u| u.items.iter());
+            *input = Value::Array(items.chain(&self.trailing).cloned().collect());
+        }
+        body
     }
 
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
@@ -114,7 +119,7 @@ fn kind_of(item: &Map<String, Value>) -> Kind {
 /// Reads `body` as a chat request, and what writing its rewrite back needs. Malformed items are OpenAI-format 400s naming the item; so is
 /// a `function_call_output` whose call is nowhere in a history the client sent whole (the
 /// upstream refuses it the same way).
-pub fn to_chat(body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyError> {
+pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyError> {
     let mut units = Vec::new();
     let instructions = match body.get("instructions") {
         Some(Value::String(text)) => {
@@ -126,31 +131,36 @@ pub fn to_chat(body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyErr
         }
         _ => false,
     };
-    let input: Vec<Value> = match body.get("input") {
-        Some(Value::String(text)) => vec![json!({"role": "user", "content": text})],
-        Some(Value::Array(items)) => items.clone(),
+    // The items move into the units; a list `input` is left `null` in the body (its place).
+    let input: Vec<Value> = match body.get_mut("input") {
+        Some(Value::String(text)) => vec![json!({"role": "user", "content": text.clone()})],
+        Some(input @ Value::Array(_)) => match input.take() {
+            Value::Array(items) => items,
+            _ => Vec::new(),
+        },
         _ => Vec::new(),
     };
-    let items = objects(&input)?;
-    if !is_chained(&body) {
-        no_orphan_outputs(&items)?;
-    }
-    let start = after_compaction(&items);
+    let start = {
+        let items = objects(&input)?;
+        if !is_chained(&body) {
+            no_orphan_outputs(&items)?;
+        }
+        after_compaction(&items)
+    };
     let compacted_items = start.iter().filter(|&&kept| !kept).count();
 
     let mut trailing = Vec::new();
     let mut open_assistant: Option<usize> = None;
-    for (at, item) in items.iter().enumerate() {
-        if !start[at] {
+    for (at, (raw, read)) in input.into_iter().zip(start).enumerate() {
+        let Some(item) = raw.as_object().filter(|_| read) else {
             continue;
-        }
-        let raw = &input[at];
+        };
         match kind_of(item) {
             Kind::Message => {
                 let message = message_of(item, at)?;
                 open_assistant = (message.role == Role::Assistant).then_some(units.len());
                 let mut carried = std::mem::take(&mut trailing);
-                carried.push(raw.clone());
+                carried.push(raw);
                 units.push(Unit {
                     message,
                     items: carried,
@@ -173,7 +183,7 @@ pub fn to_chat(body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyErr
                 };
                 let unit = &mut units[unit];
                 unit.items.append(&mut trailing);
-                unit.items.push(raw.clone());
+                unit.items.push(raw);
                 match &mut unit.message.tool_calls {
                     Nullable::Value(calls) => calls.push(call),
                     other => *other = Nullable::Value(vec![call]),
@@ -183,13 +193,13 @@ pub fn to_chat(body: ResponsesBody) -> Result<(ChatRequest, Converted), ProxyErr
                 let message = output_of(item, at)?;
                 open_assistant = None;
                 let mut carried = std::mem::take(&mut trailing);
-                carried.push(raw.clone());
+                carried.push(raw);
                 units.push(Unit {
                     message,
                     items: carried,
                 });
             }
-            Kind::Carried => trailing.push(raw.clone()),
+            Kind::Carried => trailing.push(raw),
         }
     }
 
