@@ -5,10 +5,12 @@
 //! wrote (summary, definitions, a recall) becomes a new item. Messages left out take their items
 //! with them. Every field the pipeline does not own is the client's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 use foldhash::quality::FixedState;
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
 use super::ResponsesBody;
@@ -29,6 +31,56 @@ enum Origin {
 /// The Responses body that sends `rewritten`, a rewrite of the chat request `converted` was read
 /// as.
 pub fn from_chat(converted: &Converted, rewritten: &ChatRequest) -> ResponsesBody {
+    written(converted, rewritten)
+        .into_iter()
+        .map(|(key, field)| (key.to_owned(), field.into_owned()))
+        .collect()
+}
+
+/// The same body, serialized without copying the client's items.
+pub fn write(converted: &Converted, rewritten: &ChatRequest) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&Written(written(converted, rewritten)))
+}
+
+/// A field of the body written back: a value (the client's, borrowed, or new), or the items of
+/// `input`.
+enum Field<'a> {
+    Value(Cow<'a, Value>),
+    Items(Vec<Cow<'a, Value>>),
+}
+
+impl Field<'_> {
+    fn into_owned(self) -> Value {
+        match self {
+            Field::Value(value) => value.into_owned(),
+            Field::Items(items) => Value::Array(items.into_iter().map(Cow::into_owned).collect()),
+        }
+    }
+}
+
+impl Serialize for Field<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Field::Value(value) => value.serialize(serializer),
+            Field::Items(items) => items.serialize(serializer),
+        }
+    }
+}
+
+/// The body's fields in order.
+struct Written<'a>(Vec<(&'a str, Field<'a>)>);
+
+impl Serialize for Written<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, field) in &self.0 {
+            map.serialize_entry(key, field)?;
+        }
+        map.end()
+    }
+}
+
+fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a str, Field<'a>)> {
     let mut messages = rewritten.messages.as_slice();
     let mut instructions = None;
     if converted.instructions
@@ -36,55 +88,57 @@ pub fn from_chat(converted: &Converted, rewritten: &ChatRequest) -> ResponsesBod
         && matches!(first.role, Role::System | Role::Developer)
     {
         instructions = Some(if *first == converted.units[0].message {
-            converted
-                .body
-                .get("instructions")
-                .cloned()
-                .unwrap_or(Value::Null)
+            None
         } else {
-            Value::String(first.content_text())
+            Some(Value::String(first.content_text()))
         });
         messages = rest;
     }
 
     let origins = origins(converted, messages);
-    let mut input = Vec::new();
+    let mut input: Vec<Cow<'a, Value>> = Vec::new();
     for (message, origin) in messages.iter().zip(origins) {
         match origin {
-            Origin::Kept(unit) => input.extend(converted.units[unit].items.iter().cloned()),
+            Origin::Kept(unit) => {
+                input.extend(converted.units[unit].items.iter().map(Cow::Borrowed))
+            }
             Origin::Compacted(unit) => compacted(&converted.units[unit], message, &mut input),
             Origin::New => new_items(message, &mut input),
         }
     }
-    input.extend(converted.trailing.iter().cloned());
+    input.extend(converted.trailing.iter().map(Cow::Borrowed));
 
-    let mut body = Map::new();
+    let mut body = Vec::with_capacity(converted.body.len() + 1);
+    let mut input = Some(input);
     for (key, value) in &converted.body {
-        let value = match key.as_str() {
-            "instructions" => match &instructions {
-                Some(text) => text.clone(),
-                None => value.clone(),
+        let field = match key.as_str() {
+            "instructions" => match instructions.take().flatten() {
+                Some(text) => Field::Value(Cow::Owned(text)),
+                None => Field::Value(Cow::Borrowed(value)),
             },
-            "input" => input_value(converted, value, &input),
+            "input" => {
+                let items = input.take().unwrap_or_default();
+                input_field(converted, value, items)
+            }
             "tools" => match tools_value(converted, rewritten) {
-                Some(tools) => tools,
+                Some(tools) => Field::Value(Cow::Owned(tools)),
                 None => continue,
             },
             "tool_choice" => match tool_choice_value(converted, rewritten) {
-                Some(choice) => choice,
+                Some(choice) => Field::Value(Cow::Owned(choice)),
                 None => continue,
             },
-            _ => value.clone(),
+            _ => Field::Value(Cow::Borrowed(value)),
         };
-        body.insert(key.clone(), value);
+        body.push((key.as_str(), field));
     }
-    if !body.contains_key("input") {
-        body.insert("input".into(), Value::Array(input));
+    if let Some(items) = input {
+        body.push(("input", Field::Items(items)));
     }
     if !converted.body.contains_key("tools")
         && let Some(tools) = tools_value(converted, rewritten)
     {
-        body.insert("tools".into(), tools);
+        body.push(("tools", Field::Value(Cow::Owned(tools))));
     }
     body
 }
@@ -140,25 +194,26 @@ fn key(message: &Message) -> u64 {
 
 /// A compacted result: the items carried before it, then its `function_call_output` item with
 /// the new output.
-fn compacted(unit: &Unit, message: &Message, input: &mut Vec<Value>) {
+fn compacted<'a>(unit: &'a Unit, message: &Message, input: &mut Vec<Cow<'a, Value>>) {
     for item in &unit.items {
         let is_output = item.get("type").and_then(Value::as_str) == Some("function_call_output");
         if !is_output {
-            input.push(item.clone());
+            input.push(Cow::Borrowed(item));
             continue;
         }
         let mut item = item.clone();
         if let Some(object) = item.as_object_mut() {
             object.insert("output".into(), Value::String(message.content_text()));
         }
-        input.push(item);
+        input.push(Cow::Owned(item));
     }
 }
 
 /// Items for a message the pipeline wrote.
-fn new_items(message: &Message, input: &mut Vec<Value>) {
+fn new_items(message: &Message, input: &mut Vec<Cow<'_, Value>>) {
+    let mut push = |item: Value| input.push(Cow::Owned(item));
     match message.role {
-        Role::Tool => input.push(json!({
+        Role::Tool => push(json!({
             "type": "function_call_output",
             "call_id": message.tool_call_id.get().cloned().unwrap_or_default(),
             "output": message.content_text(),
@@ -166,10 +221,10 @@ fn new_items(message: &Message, input: &mut Vec<Value>) {
         Role::Assistant => {
             let text = message.content_text();
             if !text.is_empty() {
-                input.push(json!({"role": "assistant", "content": text}));
+                push(json!({"role": "assistant", "content": text}));
             }
             for call in message.tool_calls() {
-                input.push(json!({
+                push(json!({
                     "type": "function_call",
                     "call_id": call.id,
                     "name": call.function.name,
@@ -177,22 +232,26 @@ fn new_items(message: &Message, input: &mut Vec<Value>) {
                 }));
             }
         }
-        _ => input.push(json!({"role": message.role.as_str(), "content": message.content_text()})),
+        _ => push(json!({"role": message.role.as_str(), "content": message.content_text()})),
     }
 }
 
 /// `input` as sent: the client's string when it is all that is left, unchanged.
-fn input_value(converted: &Converted, original: &Value, input: &[Value]) -> Value {
+fn input_field<'a>(
+    converted: &Converted,
+    original: &'a Value,
+    input: Vec<Cow<'a, Value>>,
+) -> Field<'a> {
     if let Value::String(_) = original
-        && let [only] = input
+        && let [only] = input.as_slice()
         && converted
             .units
             .last()
-            .is_some_and(|unit| unit.items.first() == Some(only))
+            .is_some_and(|unit| unit.items.first() == Some(only.as_ref()))
     {
-        return original.clone();
+        return Field::Value(Cow::Borrowed(original));
     }
-    Value::Array(input.to_vec())
+    Field::Items(input)
 }
 
 /// `tools` as sent: each tool the client's JSON when unchanged, else in the flat shape; `None`

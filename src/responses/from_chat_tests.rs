@@ -1,7 +1,7 @@
 use serde_json::{Value, json};
 
 use crate::openai::{Content, Message, Nullable, Role};
-use crate::responses::{ResponsesBody, from_chat, reasoning_in_place, to_chat};
+use crate::responses::{ResponsesBody, from_chat, reasoning_in_place, to_chat, write};
 
 fn body(value: Value) -> ResponsesBody {
     match value {
@@ -53,6 +53,10 @@ fn an_unchanged_rewrite_writes_back_the_client_body_byte_for_byte() {
             serde_json::to_string(&back).ok(),
             serde_json::to_string(&original).ok()
         );
+        assert_eq!(
+            write(&converted, &chat).ok(),
+            serde_json::to_vec(&original).ok()
+        );
     }
 }
 
@@ -84,6 +88,10 @@ fn a_left_out_turn_takes_its_reasoning_and_carried_items_with_it() {
     let summary = Message::text(Role::System, "Summary: order 4711 shipped (DHL).");
     rewritten.messages.splice(1..4, [summary]);
     let back = from_chat(&converted, &rewritten);
+    assert_eq!(
+        write(&converted, &rewritten).ok(),
+        serde_json::to_vec(&back).ok()
+    );
     let input = back["input"].as_array().expect("items");
     let types: Vec<&str> = input
         .iter()

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
-pub use from_chat::from_chat;
+pub use from_chat::{from_chat, write};
 pub use to_chat::{Converted, to_chat};
 
 use crate::error::ProxyError;

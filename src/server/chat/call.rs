@@ -225,9 +225,7 @@ impl<'a> ChatCall<'a> {
             return Ok(unchanged);
         }
         let body = match &self.responses {
-            Some(converted) => {
-                serde_json::to_vec(&responses::from_chat(converted, &rewrite.request))
-            }
+            Some(converted) => responses::write(converted, &rewrite.request),
             None => serde_json::to_vec(&rewrite.request),
         }
         .map(Bytes::from)

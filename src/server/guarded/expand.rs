@@ -180,7 +180,7 @@ impl ExpandCall {
     /// `request` as the upstream is sent it: chat, or the Responses body it rewrites.
     fn serialized(&self, request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error> {
         match &self.responses {
-            Some(converted) => serde_json::to_vec(&responses::from_chat(converted, request)),
+            Some(converted) => responses::write(converted, request),
             None => serde_json::to_vec(request),
         }
     }
