@@ -8,6 +8,7 @@ pub mod dedup;
 pub mod dedup_scope;
 pub mod deterministic;
 pub mod embedder;
+pub mod responses;
 pub mod time_words;
 
 pub use config::CacheConfig;

@@ -63,6 +63,11 @@ impl Converted {
         body
     }
 
+    /// Whether a stored Response may answer the body (`cache::responses::cacheable`).
+    pub fn cacheable(&self) -> bool {
+        crate::cache::responses::cacheable(&self.body)
+    }
+
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
     /// it keeps valid ([`Converted::pairs_in_order`]). A chained request (`previous_response_id`,
     /// `conversation`) goes as the client wrote it: its history is upstream, and its tool block

@@ -20,11 +20,13 @@ use crate::cache::dedup::{cosine, decode, encode, guard};
 use crate::cache::dedup_scope::{ineligible, scope_digest};
 use crate::cache::deterministic::{Decision, decide, key};
 use crate::cache::embedder::{self, embedder_id};
+use crate::cache::responses::{self, Seen};
 use crate::cache::time_words::is_time_dependent;
 use crate::openai::sse::event_data;
 use crate::openai::{
-    ChatCompletion, ChatCompletionChunk, ChatRequest, Content, Nullable, Role, Usage,
+    Api, ChatCompletion, ChatCompletionChunk, ChatRequest, Content, Nullable, Role, Usage,
 };
+use crate::server::meter;
 use crate::upstream::Upstream;
 
 /// A dedup-eligible question: where its scope's questions live, and the question.
@@ -52,15 +54,7 @@ fn dedup_answer_key(index_key: &str, question: &str) -> String {
 }
 
 /// Tokens a hit saved, from the usage stored with the answer, and what they would have cost.
-fn count_tokens_saved(
-    state: &SharedState,
-    answer: &ChatCompletion,
-    chat: &ChatRequest,
-    labels: &ChatLabels,
-) {
-    let Some(usage) = answer.usage.get() else {
-        return;
-    };
+fn count_tokens_saved(state: &SharedState, usage: &Usage, chat: &ChatRequest, labels: &ChatLabels) {
     let (model, tenant) = (labels.model.as_str(), labels.tenant.as_str());
     let saved = &state.metrics.cache_tokens_saved;
     saved
@@ -216,7 +210,9 @@ pub async fn dedup_look_up(
         return None;
     };
     count_dedup(state, LookupResult::Hit, labels);
-    count_tokens_saved(state, &answer, chat, labels);
+    if let Some(usage) = answer.usage.get() {
+        count_tokens_saved(state, usage, chat, labels);
+    }
     for choice in &mut answer.choices {
         let text = choice
             .message
@@ -253,13 +249,14 @@ fn count(state: &SharedState, result: LookupResult, labels: &ChatLabels) {
 /// client's request: it says whether to answer as a stream, with usage.
 pub async fn look_up(
     state: &SharedState,
-    chat: &ChatRequest,
+    asked: Asked<'_>,
     sent: &Bytes,
     headers: &HeaderMap,
     scope: &str,
     route: &str,
     labels: &ChatLabels,
 ) -> Lookup {
+    let Asked { chat, api } = asked;
     let config = &state.config.cache;
     let decision = decide(chat, headers, config);
     // While Redis is down the store serves from this replica's memory: its repeats still hit.
@@ -291,14 +288,41 @@ pub async fn look_up(
         count(state, LookupResult::Miss, labels);
         return Lookup::Miss(key);
     };
-    let Ok(completion) = serde_json::from_slice::<ChatCompletion>(&bytes) else {
+    let hit = match api {
+        Api::Chat => serde_json::from_slice::<ChatCompletion>(&bytes)
+            .ok()
+            .map(|completion| (completion.usage.get().cloned(), answer(&completion, chat))),
+        Api::Responses => responses::storable(&bytes).map(|response| {
+            let usage = meter::usage_of_answer(Api::Responses, &bytes);
+            (usage, responses_answer(&response, chat.is_stream()))
+        }),
+    };
+    let Some((usage, response)) = hit else {
         state.store.delete(&key).await;
         count(state, LookupResult::Error, labels);
         return Lookup::Miss(key);
     };
     count(state, LookupResult::Hit, labels);
-    count_tokens_saved(state, &completion, chat, labels);
-    Lookup::Hit(answer(&completion, chat))
+    if let Some(usage) = &usage {
+        count_tokens_saved(state, usage, chat, labels);
+    }
+    Lookup::Hit(response)
+}
+
+/// A request a cache may answer: its chat form, and the API its client speaks.
+#[derive(Clone, Copy)]
+pub struct Asked<'a> {
+    pub chat: &'a ChatRequest,
+    pub api: Api,
+}
+
+/// A stored Response as the client asked for it: JSON, or replayed as events.
+fn responses_answer(response: &serde_json::Value, stream: bool) -> Response<Body> {
+    if stream {
+        return with_content_type(Body::from(responses::replay(response)), "text/event-stream");
+    }
+    let body = serde_json::to_vec(response).unwrap_or_default();
+    with_content_type(Body::from(body), "application/json")
 }
 
 fn answer(completion: &ChatCompletion, chat: &ChatRequest) -> Response<Body> {
@@ -311,12 +335,16 @@ fn answer(completion: &ChatCompletion, chat: &ChatRequest) -> Response<Body> {
             serde_json::to_vec(completion).unwrap_or_default(),
         )
     };
-    let mut response = Response::new(Body::from(body));
+    with_content_type(Body::from(body), content_type)
+}
+
+/// A 200 of `body`; a stream, like a live one, is never stored by intermediaries.
+fn with_content_type(body: Body, content_type: &'static str) -> Response<Body> {
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if content_type != "application/json" {
-        // Like a live stream: never stored by intermediaries.
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
     response
@@ -335,6 +363,9 @@ pub struct CacheWrite {
     seen: usize,
     /// Not storable: too large, an error event, or an unknown shape.
     unstorable: bool,
+    /// The answer's API; a Responses stream's Response, from its `response.completed`.
+    api: Api,
+    response: Option<serde_json::Value>,
 }
 
 impl CacheWrite {
@@ -354,7 +385,15 @@ impl CacheWrite {
             json: Vec::new(),
             seen: 0,
             unstorable: false,
+            api: Api::Chat,
+            response: None,
         }
+    }
+
+    /// Stores an answer of `api` (a Responses answer as its Response, never in dedup).
+    pub fn for_api(mut self, api: Api) -> CacheWrite {
+        self.api = api;
+        self
     }
 }
 
@@ -372,7 +411,18 @@ impl BodyObserver for CacheWrite {
             self.state.metrics.cache_too_large.inc();
             return;
         }
-        if self.streamed {
+        if self.streamed && self.api == Api::Responses {
+            if let Some(payload) = event_data(data) {
+                match responses::seen(&payload) {
+                    Seen::Completed(response) => {
+                        self.response = Some(response);
+                        self.done = true;
+                    }
+                    Seen::Unstorable => self.unstorable = true,
+                    Seen::Going => {}
+                }
+            }
+        } else if self.streamed {
             match event_data(data).as_deref() {
                 Some("[DONE]") => self.done = true,
                 Some(payload) => match serde_json::from_str::<ChatCompletionChunk>(payload) {
@@ -390,6 +440,22 @@ impl BodyObserver for CacheWrite {
     fn on_end(self: Box<Self>, end: BodyEnd) {
         let this = *self;
         if end != BodyEnd::Complete || this.unstorable {
+            return;
+        }
+        if this.api == Api::Responses {
+            let response = match this.response {
+                Some(response) => Some(response),
+                None if !this.streamed => responses::storable(&this.json),
+                None => None,
+            };
+            let (Some(key), Some(value)) =
+                (this.key, response.and_then(|r| serde_json::to_vec(&r).ok()))
+            else {
+                return;
+            };
+            let state = this.state;
+            let ttl = Duration::from_secs(state.config.cache.deterministic.ttl_secs);
+            tokio::spawn(async move { state.store.set(&key, &value, ttl).await });
             return;
         }
         let completion = if this.streamed {

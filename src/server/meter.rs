@@ -243,7 +243,7 @@ impl BodyObserver for ResponseMeter {
 }
 
 /// The usage of a whole JSON answer of `api`, as chat counts it.
-fn usage_of_answer(api: Api, json: &[u8]) -> Option<Usage> {
+pub fn usage_of_answer(api: Api, json: &[u8]) -> Option<Usage> {
     match api {
         Api::Chat => serde_json::from_slice::<WithUsage>(json)
             .ok()?

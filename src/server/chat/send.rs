@@ -82,9 +82,9 @@ pub struct Answer {
 impl ChatCall<'_> {
     /// The deterministic cache (keyed by what is sent), then the dedup cache.
     pub async fn look_up(&self, outgoing: &Outgoing, log: &mut CallLog) -> Looked {
-        if self.api() == Api::Responses {
-            // Not cached yet: a Response carries ids the client may chain on
-            // (`previous_response_id`), so a cached one is not the same answer.
+        let api = self.api();
+        if !self.responses.as_ref().is_none_or(|c| c.cacheable()) {
+            // A Response kept upstream, or a chained one: its id is the client's to chain on.
             log.cache = Some(CacheOutcome::Bypass);
             return Looked::Miss(CacheKeys {
                 deterministic: None,
@@ -94,9 +94,13 @@ impl ChatCall<'_> {
         let state = self.state;
         let labels = &log.labels;
         let name = &self.upstream.config.name;
+        let asked = cached::Asked {
+            chat: &self.chat,
+            api,
+        };
         let lookup = cached::look_up(
             state,
-            &self.chat,
+            asked,
             &outgoing.body,
             &self.parts.headers,
             &self.scope,
@@ -113,6 +117,14 @@ impl ChatCall<'_> {
             Lookup::WriteOnly(key) => (Some(key), CacheOutcome::Bypass),
             Lookup::Bypass => (None, CacheOutcome::Bypass),
         };
+        if api == Api::Responses {
+            // Dedup answers other wordings of a chat question; not offered on this API.
+            log.cache = Some(outcome);
+            return Looked::Miss(CacheKeys {
+                deterministic,
+                dedup: None,
+            });
+        }
         let headers = &self.parts.headers;
         let dedup = cached::dedup_plan(
             state,
@@ -379,12 +391,10 @@ impl ChatCall<'_> {
                 )));
             }
             if keys.deterministic.is_some() || keys.dedup.is_some() {
-                observers.push(Box::new(CacheWrite::new(
-                    state.clone(),
-                    keys.deterministic,
-                    keys.dedup,
-                    streamed,
-                )));
+                observers.push(Box::new(
+                    CacheWrite::new(state.clone(), keys.deterministic, keys.dedup, streamed)
+                        .for_api(api),
+                ));
             }
         }
         let chat = ChatRelay {
