@@ -64,6 +64,20 @@ pub fn with_usage_of(mut last: Value, earlier: &[Value]) -> Value {
     last
 }
 
+/// A whole function call, as the re-ask reads a held one.
+pub(crate) fn tool_call(id: &str, name: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        id: id.to_owned(),
+        kind: Some("function".to_owned()),
+        function: FunctionCall {
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+            extra: Default::default(),
+        },
+        extra: Default::default(),
+    }
+}
+
 /// How a part of a streamed answer ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PartEnd {
@@ -450,16 +464,7 @@ impl ExpandStream {
         self.held_calls
             .iter()
             .filter(|c| c.name == name)
-            .map(|c| ToolCall {
-                id: c.id.clone(),
-                kind: Some("function".to_owned()),
-                function: FunctionCall {
-                    name: c.name.clone(),
-                    arguments: c.arguments.clone(),
-                    extra: Default::default(),
-                },
-                extra: Default::default(),
-            })
+            .map(|c| tool_call(&c.id, &c.name, &c.arguments))
             .collect()
     }
 
