@@ -19,8 +19,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::arguments::{ArgumentCheck, Failed};
-use super::continuation::sum_usage;
-use super::expand::{PartEnd, tool_call};
+use super::expand::{PartEnd, add_usage, repeats, tool_call};
 use super::stream::Relay;
 use crate::openai::ToolCall;
 use crate::openai::sse::{
@@ -147,13 +146,9 @@ impl ResponsesExpandStream {
 
     /// The current part's body ended.
     pub fn end_part(&mut self) -> PartEnd {
-        let mut out = Vec::new();
-        if let Some(raw) = self.splitter.finish() {
-            self.take(raw, &mut out);
-        }
+        let mut out = self.unterminated();
         if self.progress.failed() {
             // The client was told the answer failed: nothing held follows.
-            self.held.clear();
             return PartEnd::Done(out);
         }
         if !self.called.is_empty() {
@@ -186,6 +181,14 @@ impl ResponsesExpandStream {
             }
         }
         PartEnd::Done(out)
+    }
+
+    /// What a last event without its blank line gives.
+    fn unterminated(&mut self) -> Vec<Bytes> {
+        let raw = self.splitter.finish();
+        let mut out = Vec::new();
+        raw.into_iter().for_each(|raw| self.take(raw, &mut out));
+        out
     }
 
     /// The re-asked answer is arriving; `watched`: what its request answers itself.
@@ -265,10 +268,7 @@ impl ResponsesExpandStream {
             }
             "response.completed" | "response.incomplete" => {
                 if let Some(usage) = event["response"].get("usage").filter(|u| u.is_object()) {
-                    self.usage = Some(match &self.usage {
-                        Some(sum) => sum_usage(sum, usage),
-                        None => usage.clone(),
-                    });
+                    add_usage(&mut self.usage, usage);
                 }
                 self.terminal = Some((event, raw));
             }
@@ -369,16 +369,9 @@ impl ResponsesExpandStream {
         match kind {
             "reasoning" => Route::Wait,
             "function_call" => {
-                if self.part > 0 {
-                    let had = self.relayed_calls[..self.relayed_before_part]
-                        .iter()
-                        .filter(|n| *n == name)
-                        .count();
-                    let again = self.started.iter().filter(|n| *n == name).count();
-                    self.started.push(name.to_owned());
-                    if again < had {
-                        return Route::Drop;
-                    }
+                let had = &self.relayed_calls[..self.relayed_before_part];
+                if self.part > 0 && repeats(had, &mut self.started, name) {
+                    return Route::Drop;
                 }
                 if self.arguments.checks(name) {
                     self.holding = true;
