@@ -38,8 +38,9 @@ fn rewrite(name: &str, config: &PipelineConfig) -> Value {
     json!({"report": rewrite.report, "request": rewrite.request})
 }
 
-/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten as the
-/// `/v1/responses` route does (tools whole, no recall tool), and written back.
+/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten by the pipeline
+/// with its tools whole and no recall tool (what these files are about is the items: reasoning
+/// pairs, compaction, hosted calls), and written back.
 fn rewrite_responses(name: &str) -> Value {
     let path = format!(
         "{}/tests/fixtures/responses/{name}.json",
@@ -49,7 +50,9 @@ fn rewrite_responses(name: &str) -> Value {
     let body = fixture["request"].as_object().unwrap().clone();
     let (chat, converted) = responses::to_chat(body).unwrap();
     let budget = fixture["budget"].as_u64().unwrap() as usize;
-    let config = ctxproxy::upstream::responses_pipeline(&whole());
+    let mut config = whole();
+    config.tools.enabled = false;
+    config.compact.recall = false;
     let counter = TokenCounter::new(Encoding::O200kBase);
     let rewrite = pipeline::run(
         &chat,
