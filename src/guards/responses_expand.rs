@@ -6,8 +6,9 @@
 //! names it) comes. The terminal event (`response.completed`, `response.incomplete`) is held:
 //! when the part called watched tools the re-asked answer's events are spliced into the same
 //! stream (its `response.created`/`in_progress` dropped, `sequence_number` continuing the
-//! client's, `output_index` counting the items the client got), and one terminal event ends it,
-//! its `output` the items the client received, its `usage` the sum of every part's.
+//! client's, `output_index` counting the items the client got), and one terminal event ends it:
+//! the first answer's `id` (the stream is one Response), the last one's other fields, its
+//! `output` the items the client received and its `usage` the sum of every part's.
 //!
 //! A reasoning item waits for the item after it and shares its fate (relayed, held or dropped
 //! with it): a reasoning item is never parted from the item that followed it. A re-asked part's
@@ -89,6 +90,9 @@ pub struct ResponsesExpandStream {
     terminal: Option<(Value, Bytes)>,
     /// The usage of every part.
     usage: Option<Value>,
+    /// The first answer's `response.id`: the client's stream is one Response (a client such
+    /// as the SDK refuses a stream whose lifecycle events change it).
+    response_id: Option<Value>,
 }
 
 const ADDED: &str = "response.output_item.added";
@@ -116,6 +120,7 @@ impl ResponsesExpandStream {
             called: Vec::new(),
             terminal: None,
             usage: None,
+            response_id: None,
         }
     }
 
@@ -172,6 +177,9 @@ impl ResponsesExpandStream {
                 self.emit(event, Some(raw), &mut out);
             } else {
                 if let Some(response) = event.get_mut("response").and_then(Value::as_object_mut) {
+                    if let Some(id) = self.response_id.clone() {
+                        response.insert("id".into(), id);
+                    }
                     response.insert("output".into(), Value::Array(self.output.clone()));
                     if let Some(usage) = self.usage.clone() {
                         response.insert("usage".into(), usage);
@@ -263,6 +271,9 @@ impl ResponsesExpandStream {
             "response.created" | "response.in_progress" | "response.queued" => {
                 // The client has the first answer's.
                 if self.part == 0 {
+                    if let Some(id) = event["response"].get("id") {
+                        self.response_id.get_or_insert_with(|| id.clone());
+                    }
                     self.pass(event, raw, out);
                 }
             }

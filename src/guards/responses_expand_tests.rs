@@ -205,6 +205,7 @@ fn a_re_asked_answer_is_spliced_renumbered_and_ends_with_summed_usage() {
     let ids: Vec<&str> = added.iter().map(|i| i["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["msg_a_0", "fc_a_1", "rs_b_2", "fc_b_3"]);
     let terminal = &out.last().unwrap()["response"];
+    assert_eq!(terminal["id"], "a", "the stream is one Response");
     let output: Vec<&str> = terminal["output"]
         .as_array()
         .unwrap()
