@@ -43,8 +43,9 @@ fn run(request: &ChatRequest, config: &PipelineConfig, fixture: &Value) -> pipel
     )
 }
 
-/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten as a streamed
-/// `/v1/responses` request is (tools whole, no recall tool), and written back.
+/// A Responses API fixture (tests/fixtures/responses/) read as chat, rewritten by the pipeline
+/// with its tools whole and no recall tool (what these files are about is the items: reasoning
+/// pairs, compaction, hosted calls), and written back.
 fn rewrite_responses(name: &str) -> Value {
     let path = format!(
         "{}/tests/fixtures/responses/{name}.json",
@@ -53,7 +54,9 @@ fn rewrite_responses(name: &str) -> Value {
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let body = fixture["request"].as_object().unwrap().clone();
     let (chat, converted) = responses::to_chat(body).unwrap();
-    let config = ctxproxy::upstream::responses_pipeline(&whole());
+    let mut config = whole();
+    config.tools.enabled = false;
+    config.compact.recall = false;
     let rewrite = run(&chat, &config, &fixture);
     let sent = responses::from_chat(&converted, &rewrite.request);
     assert!(responses::reasoning_in_place(

@@ -1,7 +1,8 @@
 //! `POST /v1/responses` through the proxy against the mock: a stateless agent's history is
 //! rewritten by the chat pipeline and sent back in the Responses format, reasoning items byte for
 //! byte right before the item that followed them; streams are relayed and end complete or with a
-//! Responses error event; chained requests and other `/v1/responses/*` paths go as they came.
+//! Responses error event, and a call to a stub or to the recall tool is answered by the proxy in
+//! JSON and in the event stream; chained requests and other `/v1/responses/*` paths go as they came.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -356,19 +357,143 @@ async fn a_call_to_a_stub_is_asked_again_and_the_client_gets_only_the_full_call(
     assert!(answer["usage"]["input_tokens"].as_u64().unwrap() > 0);
 }
 
+/// The events of a Responses stream, checked as a client reads them: numbered from 0 without
+/// a gap, each item's events under the index its `output_item.added` took, counted in order.
+fn parsed_events(text: &str) -> Vec<Value> {
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let mut items = 0;
+    for (k, event) in events.iter().enumerate() {
+        if event["type"] == "error" {
+            continue;
+        }
+        assert_eq!(event["sequence_number"], k, "{event}");
+        if event["type"] == "response.output_item.added" {
+            assert_eq!(event["output_index"], items, "{event}");
+            items += 1;
+        } else if let Some(index) = event["output_index"].as_u64() {
+            assert!(index < items, "{event}");
+        }
+    }
+    events
+}
+
 #[tokio::test]
-async fn a_streamed_request_sends_its_tools_whole() {
+async fn a_streamed_call_to_a_stub_is_asked_again_in_the_same_stream() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
     let body = deferred(true);
     let explained = proxy.explain(&body, &[]).await;
-    assert_eq!(explained["request"]["tools"], body["tools"]);
+    let stubbed = explained["request"]["tools"].to_string();
+    assert!(!stubbed.contains("\"city\""), "sent as stubs: {stubbed}");
     let answer = post(&proxy, &body, &[("X-Mock-Tool-Call", "get_weather")]).await;
+    assert_eq!(answer.status(), 200);
     let text = answer.text().await.unwrap();
     assert!(
-        text.contains("\"name\":\"get_weather\"") && text.contains("event: response.completed")
+        text.contains(": x-ctxproxy-tools-expanded: get_weather"),
+        "{text}"
     );
-    assert_eq!(MockStats::get(&mock.stats.responses_requests), 1);
+    let events = parsed_events(&text);
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[0], "response.created");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "response.created").count(),
+        1
+    );
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    // One call, the full one, with its arguments filled from the definition.
+    let calls: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| &e["item"])
+        .filter(|item| item["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{text}");
+    assert_eq!(calls[0]["name"], "get_weather");
+    let arguments: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"city": "mock"}));
+    // The final Response lists what the client got, and the usage of both calls.
+    let response = &events.last().unwrap()["response"];
+    let output = response["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1);
+    assert_eq!(output[0], *calls[0]);
+    assert_eq!(MockStats::get(&mock.stats.responses_requests), 2);
+    let input = response["usage"]["input_tokens"].as_u64().unwrap();
+    let prompt = proxy
+        .metric("ctxproxy_usage_tokens_total", &[("kind", "prompt")])
+        .await;
+    assert_eq!(prompt as u64, input, "the summed usage is what is counted");
+    let expansions = proxy
+        .metric("ctxproxy_tool_expansions_total", &[("outcome", "expanded")])
+        .await;
+    assert_eq!(expansions, 1.0);
+}
+
+#[tokio::test]
+async fn a_re_ask_that_fails_midway_ends_the_stream_with_an_error_event() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let body = deferred(true);
+    for fault in ["reset-after=3", "early-end-after=3"] {
+        let answer = post(
+            &proxy,
+            &body,
+            &[
+                ("X-Mock-Tool-Call", "get_weather"),
+                ("X-Mock-Stream-Fault", fault),
+                ("X-Mock-Fault-On", "reask"),
+            ],
+        )
+        .await;
+        let text = answer.text().await.unwrap();
+        let events = parsed_events(&text);
+        let last = events.last().unwrap();
+        assert_eq!(last["type"], "error", "{fault}: {text}");
+        assert_eq!(last["code"], "upstream_stream_interrupted");
+        assert!(
+            events.iter().all(|e| e["type"] != "response.completed"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_recall_is_answered_by_the_proxy() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut body = agent_history(8);
+    body["model"] = json!("gpt-4o");
+    body["stream"] = json!(true);
+    let explained = proxy.explain(&body, &[]).await;
+    assert_eq!(
+        explained["request"]["tools"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["name"],
+        recall::TOOL_NAME
+    );
+    let answer = post(&proxy, &body, &[("X-Mock-Recall", "first")]).await;
+    assert_eq!(answer.status(), 200);
+    let text = answer.text().await.unwrap();
+    let events = parsed_events(&text);
+    let items = events.iter().filter(|e| e["item"].is_object());
+    assert!(
+        items
+            .clone()
+            .all(|e| e["item"]["name"] != recall::TOOL_NAME),
+        "the client never sees the recall call: {text}"
+    );
+    assert!(items.count() > 0);
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(MockStats::get(&mock.stats.responses_requests), 2);
+    let found = proxy
+        .metric("ctxproxy_tool_recalls_total", &[("outcome", "found")])
+        .await;
+    assert_eq!(found, 1.0);
 }
 
 #[tokio::test]

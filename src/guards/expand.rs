@@ -64,6 +64,38 @@ pub fn with_usage_of(mut last: Value, earlier: &[Value]) -> Value {
     last
 }
 
+/// A whole function call, as the re-ask reads a held one.
+pub(crate) fn tool_call(id: &str, name: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        id: id.to_owned(),
+        kind: Some("function".to_owned()),
+        function: FunctionCall {
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+            extra: Default::default(),
+        },
+        extra: Default::default(),
+    }
+}
+
+/// Whether a re-asked part's call of `name` (the part's calls started so far: `started`, to
+/// which it is added) repeats one the client already has (`had`): a re-asked answer's first
+/// calls of a tool, as many as the client got, are the calls it repeats.
+pub(crate) fn repeats(had: &[String], started: &mut Vec<String>, name: &str) -> bool {
+    let had = had.iter().filter(|n| *n == name).count();
+    let again = started.iter().filter(|n| *n == name).count();
+    started.push(name.to_owned());
+    again < had
+}
+
+/// Adds a part's `usage` to the sum of every part's.
+pub(crate) fn add_usage(sum: &mut Option<Value>, usage: &Value) {
+    *sum = Some(match sum.take() {
+        Some(sum) => sum_usage(&sum, usage),
+        None => usage.clone(),
+    });
+}
+
 /// How a part of a streamed answer ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PartEnd {
@@ -450,16 +482,7 @@ impl ExpandStream {
         self.held_calls
             .iter()
             .filter(|c| c.name == name)
-            .map(|c| ToolCall {
-                id: c.id.clone(),
-                kind: Some("function".to_owned()),
-                function: FunctionCall {
-                    name: c.name.clone(),
-                    arguments: c.arguments.clone(),
-                    extra: Default::default(),
-                },
-                extra: Default::default(),
-            })
+            .map(|c| tool_call(&c.id, &c.name, &c.arguments))
             .collect()
     }
 
@@ -473,16 +496,14 @@ impl ExpandStream {
         if self.hold_if_stub(name) {
             return self.next_call(name.to_owned());
         }
-        if self.part > 0 {
-            let had = self.relayed[..self.relayed_before_part]
-                .iter()
-                .filter(|n| *n == name)
-                .count();
-            let again = self.started.iter().filter(|n| *n == name).count();
-            self.started.push(name.to_owned());
-            if again < had {
-                return CallRoute::Drop;
-            }
+        if self.part > 0
+            && repeats(
+                &self.relayed[..self.relayed_before_part],
+                &mut self.started,
+                name,
+            )
+        {
+            return CallRoute::Drop;
         }
         if self.arguments.checks(name) {
             // Held until its arguments can be checked, as everything after it.
@@ -559,10 +580,7 @@ impl ExpandStream {
 
     /// Adds `usage` to the usage of every part.
     fn sum_usage(&mut self, usage: &Value) {
-        self.usage = Some(match &self.usage {
-            Some(sum) => sum_usage(sum, usage),
-            None => usage.clone(),
-        });
+        add_usage(&mut self.usage, usage);
     }
 }
 

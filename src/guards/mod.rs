@@ -4,7 +4,8 @@
 //! optionally retried ([`claims`]). All three are off by default and set globally or per route
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
 //! and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
-//! and of calls that fail their schema ([`arguments`]); the calls they need live in
+//! and of calls that fail their schema ([`arguments`]), in chat's stream and in the Responses
+//! event stream ([`responses_expand`]); the calls they need live in
 //! `server::guarded`.
 
 pub mod arguments;
@@ -14,6 +15,7 @@ pub mod config;
 pub mod continuation;
 pub mod expand;
 pub mod json;
+pub mod responses_expand;
 pub mod stream;
 
 pub use config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};

@@ -114,6 +114,17 @@ pub fn event_too_large_event(error: EventTooLarge) -> Bytes {
     )
 }
 
+/// The same for a Responses API stream: its `error` event.
+pub fn responses_event_too_large_event(error: EventTooLarge) -> Bytes {
+    let event = serde_json::json!({
+        "type": "error",
+        "code": "event_too_large",
+        "message": format!("The upstream stream was cut: {error} (upstream.max_event_bytes)"),
+        "param": null,
+    });
+    Bytes::from(format!("event: error\ndata: {event}\n\n"))
+}
+
 /// An OpenAI-format error as an SSE event.
 fn error_event(message: &str, code: &str) -> Bytes {
     let body = serde_json::json!({"error": {

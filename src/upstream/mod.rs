@@ -59,10 +59,6 @@ pub struct Upstream {
     /// The pipeline's config with tools needed later defined in the block, used once the
     /// upstream is known to refuse or drop a definitions message in mid-conversation.
     in_block: Arc<PipelineConfig>,
-    /// The pipeline's config for a Responses API request: no tool filtering and no recall
-    /// tool, since a call to a stub or to `ctxproxy_recall` is not yet answered by the proxy on
-    /// that API.
-    responses: Arc<PipelineConfig>,
     /// What its chat template taught: 0 nothing, else a [`Lesson`].
     learned: AtomicU8,
     /// When the store may next be asked what other replicas learned, in milliseconds since
@@ -128,14 +124,6 @@ pub struct UpstreamResponse {
     pub deadline: Instant,
 }
 
-/// `pipeline` as a Responses API request runs it: tools whole, no recall tool.
-pub fn responses_pipeline(pipeline: &PipelineConfig) -> PipelineConfig {
-    let mut responses = pipeline.clone();
-    responses.tools.enabled = false;
-    responses.compact.recall = false;
-    responses
-}
-
 /// A pooled HTTP/1.1 + HTTP/2 client over TCP or TLS (webpki roots), no-delay sockets.
 pub fn http_client(
     connect_timeout: std::time::Duration,
@@ -168,12 +156,10 @@ impl Upstream {
         );
         let mut in_block = PipelineConfig::clone(&config.pipeline);
         in_block.tools.definitions = Definitions::InBlock;
-        let responses = responses_pipeline(&config.pipeline);
         Ok(Upstream {
             config,
             client,
             in_block: Arc::new(in_block),
-            responses: Arc::new(responses),
             learned: AtomicU8::new(0),
             next_store_check_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
@@ -189,11 +175,6 @@ impl Upstream {
         } else {
             &self.config.pipeline
         }
-    }
-
-    /// The pipeline's config for a Responses API request to this upstream.
-    pub fn responses_pipeline(&self) -> &Arc<PipelineConfig> {
-        &self.responses
     }
 
     /// What the upstream's template is known to do with a definitions message, if anything.

@@ -170,7 +170,8 @@ assert streamed_call.function.name == "get_weather"
 assert json.loads(streamed_call.function.arguments) == {"city": "mock"}, streamed_call
 
 # 9. The Responses API: a function call, its output sent back with the reasoning item that came
-#    before it (the mock refuses a reasoning item parted from its call), streamed, and chained.
+#    before it (the mock refuses a reasoning item parted from its call), streamed, and chained;
+#    a stub called in a stream.
 flat_tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                               "required": ["city"]}}]
@@ -212,6 +213,24 @@ try:
     raise AssertionError("an orphan function_call_output is refused")
 except openai.BadRequestError as error:
     assert "call_nowhere" in str(error), error
+
+# The Responses stream of a request whose tools go as stubs (nothing in the question names
+# them): the mock calls one, ctxproxy asks again with it defined in the same event stream, and
+# the SDK parses one stream whose final Response holds only the full call.
+deferred_tools = flat_tools + [{"type": "function", "name": "send_email",
+                                "description": "Send an email.", "parameters": {
+                                    "type": "object", "properties": {"to": {"type": "string"}}}}]
+with client.responses.stream(model=MODEL, store=False, tools=deferred_tools,
+                             input=[{"role": "user",
+                                     "content": "Do I need an umbrella in Paris tomorrow?"}],
+                             extra_headers={"X-Mock-Tool-Call": "get_weather"}) as events:
+    kinds = [event.type for event in events]
+    final = events.get_final_response()
+assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed", kinds
+streamed_calls = [item for item in final.output if item.type == "function_call"]
+assert len(streamed_calls) == 1 and streamed_calls[0].name == "get_weather", final.output
+assert json.loads(streamed_calls[0].arguments) == {"city": "mock"}, streamed_calls[0]
+assert final.usage.input_tokens > 0, final.usage
 
 print("openai SDK checks passed")
 sys.exit(0)

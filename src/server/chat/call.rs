@@ -153,7 +153,6 @@ impl<'a> ChatCall<'a> {
     /// request's answer does not write them: it reads chat answers, see `send.rs`).
     pub fn uses_tool_state(&self) -> bool {
         self.mode != Mode::Off
-            && !(self.responses.is_some() && self.chat.is_stream())
             && self.state.config.pipeline.tools.enabled
             && self.chat.tools.get().is_some_and(|t| !t.is_empty())
     }
@@ -271,13 +270,7 @@ impl<'a> ChatCall<'a> {
         // What another replica learned of the upstream's template (rarely asks the store).
         let ((remembered, recalls), ()) =
             tokio::join!(conversation, learned::refresh(state, self.upstream));
-        let config = match self.api() {
-            Api::Chat => self.upstream.pipeline(),
-            // A Responses stream's call to a stub or to the recall tool cannot be answered yet
-            // (a JSON answer's can): its tools go whole.
-            Api::Responses if self.chat.is_stream() => self.upstream.responses_pipeline(),
-            Api::Responses => self.upstream.pipeline(),
-        };
+        let config = self.upstream.pipeline();
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers

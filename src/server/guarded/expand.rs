@@ -16,12 +16,13 @@ use axum::http::{HeaderMap, Method, Response, StatusCode, Uri, header};
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::pump::{Events, channel_body, forward, forward_all, pump};
+use super::pump::{Events, PartRewriter, channel_body, forward, forward_all, pump};
 use super::refusal::{self, Answered};
 use super::{Sent, read_whole, too_large};
 use crate::error::ProxyError;
 use crate::guards::arguments::{ArgumentCheck, Failed};
 use crate::guards::expand::{EXPANDED_COMMENT, ExpandStream, PartEnd, called_stubs, with_usage_of};
+use crate::guards::responses_expand::ResponsesExpandStream;
 use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
 use crate::pipeline::config::Definitions;
@@ -454,15 +455,6 @@ pub async fn expand(
         });
     }
     if is_event_stream(answer.response.headers()) {
-        if call.responses.is_some() {
-            // Not expanded on this API (its requests that stream send every tool in full).
-            return Ok(Expanded {
-                answer,
-                expanded: Vec::new(),
-                sent,
-                recalled: Vec::new(),
-            });
-        }
         return Ok(expand_stream(call, answer, sent));
     }
     // An answer too large to read whole is not a tool call: relayed as it comes.
@@ -631,7 +623,17 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
     parts.headers.remove(header::CONTENT_LENGTH);
     // The relay applies the request's deadline to every part: a stalled one ends the stream
     // with an error event.
-    let body = channel_body(|events| async move { relay(call, body, &events).await });
+    let max_event = call.upstream.config.max_event_bytes;
+    let watched = call.watched();
+    let body = channel_body(|events| async move {
+        match call.responses {
+            Some(_) => {
+                let rewriter = ResponsesExpandStream::new(watched, max_event);
+                relay(call, body, &events, rewriter).await;
+            }
+            None => relay(call, body, &events, ExpandStream::new(watched, max_event)).await,
+        }
+    });
     Expanded {
         answer: UpstreamResponse {
             response: Response::from_parts(parts, body),
@@ -644,9 +646,58 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
     }
 }
 
-async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
-    let max_event = call.upstream.config.max_event_bytes;
-    let mut rewriter = ExpandStream::new(call.watched(), max_event);
+/// A pure stream rewriter that splices re-asked answers into the client's stream: chat's
+/// ([`ExpandStream`]) or the Responses event stream's ([`ResponsesExpandStream`]).
+trait Splicer: PartRewriter<End = PartEnd> {
+    /// The re-asked answer is arriving; `watched`: the calls its request answers itself.
+    fn re_asked(&mut self, watched: Vec<String>);
+    fn arguments(&mut self) -> &mut ArgumentCheck;
+    /// The held calls of the tool `name` of the part that just ended.
+    fn held_calls_of(&self, name: &str) -> Vec<ToolCall>;
+    /// Where the comment naming the tools expanded goes among the last events.
+    fn comment_at(last: &[Bytes]) -> usize;
+}
+
+impl Splicer for ExpandStream {
+    fn re_asked(&mut self, watched: Vec<String>) {
+        ExpandStream::re_asked(self, watched);
+    }
+
+    fn arguments(&mut self) -> &mut ArgumentCheck {
+        ExpandStream::arguments(self)
+    }
+
+    fn held_calls_of(&self, name: &str) -> Vec<ToolCall> {
+        ExpandStream::held_calls_of(self, name)
+    }
+
+    /// After the calls and the usage, just before `[DONE]`.
+    fn comment_at(last: &[Bytes]) -> usize {
+        last.iter()
+            .rposition(|e| e.as_ref() == b"data: [DONE]\n\n")
+            .unwrap_or(last.len())
+    }
+}
+
+impl Splicer for ResponsesExpandStream {
+    fn re_asked(&mut self, watched: Vec<String>) {
+        ResponsesExpandStream::re_asked(self, watched);
+    }
+
+    fn arguments(&mut self) -> &mut ArgumentCheck {
+        ResponsesExpandStream::arguments(self)
+    }
+
+    fn held_calls_of(&self, name: &str) -> Vec<ToolCall> {
+        ResponsesExpandStream::held_calls_of(self, name)
+    }
+
+    fn comment_at(last: &[Bytes]) -> usize {
+        ResponsesExpandStream::comment_at(last)
+    }
+}
+
+async fn relay<S: Splicer>(mut call: ExpandCall, first: Body, events: &Events, mut rewriter: S) {
     rewriter
         .arguments()
         .watch(&call.client_tools, &call.defined);
@@ -669,13 +720,8 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             PartEnd::Done(mut last) => {
                 if !expanded.is_empty() {
                     call.count(call.outcome(), expanding);
-                    // After the calls and the usage, just before `[DONE]`.
                     let comment = format!("{EXPANDED_COMMENT}{}\n\n", expanded.join(","));
-                    let at = last
-                        .iter()
-                        .rposition(|e| e.as_ref() == b"data: [DONE]\n\n")
-                        .unwrap_or(last.len());
-                    last.insert(at, Bytes::from(comment));
+                    last.insert(S::comment_at(&last), Bytes::from(comment));
                 }
                 forward_all(events, last).await;
                 return;
@@ -714,7 +760,7 @@ async fn relay(mut call: ExpandCall, first: Body, events: &Events) {
             // The error event says why: the upstream's timeout, failure, or answer.
             Err(e) => {
                 call.count(ExpansionOutcome::Error, expanding);
-                forward(events, e.sse_event()).await;
+                forward(events, rewriter.error_event(&e)).await;
                 return;
             }
         }

@@ -13,7 +13,9 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
 use crate::body::{EndedEarly, drain};
+use crate::error::ProxyError;
 use crate::guards::expand::{self, ExpandStream};
+use crate::guards::responses_expand::ResponsesExpandStream;
 use crate::guards::stream::{self, Relay, StreamRewriter};
 use crate::metrics::{Metrics, UpstreamError};
 use crate::openai::sse::{Ending, StreamProgress};
@@ -28,6 +30,11 @@ pub trait PartRewriter {
     fn end_part(&mut self) -> Self::End;
     /// How the current part is ending (after [`PartRewriter::end_part`]: how it ended).
     fn progress(&self) -> &StreamProgress;
+    /// The event that ends the client's stream with `error`: chat's, unless the rewriter
+    /// relays another API's events.
+    fn error_event(&self, error: &ProxyError) -> Bytes {
+        error.sse_event()
+    }
 }
 
 impl PartRewriter for StreamRewriter<'_> {
@@ -59,6 +66,26 @@ impl PartRewriter for ExpandStream {
 
     fn progress(&self) -> &StreamProgress {
         ExpandStream::progress(self)
+    }
+}
+
+impl PartRewriter for ResponsesExpandStream {
+    type End = expand::PartEnd;
+
+    fn push(&mut self, data: &[u8]) -> Relay {
+        ResponsesExpandStream::push(self, data)
+    }
+
+    fn end_part(&mut self) -> expand::PartEnd {
+        ResponsesExpandStream::end_part(self)
+    }
+
+    fn progress(&self) -> &StreamProgress {
+        ResponsesExpandStream::progress(self)
+    }
+
+    fn error_event(&self, error: &ProxyError) -> Bytes {
+        error.responses_sse_event()
     }
 }
 
@@ -133,7 +160,7 @@ pub async fn pump<R: PartRewriter>(
                 Some(e) => interrupted(name, &e),
                 None => interrupted(name, &EndedEarly),
             };
-            forward(events, error.sse_event()).await;
+            forward(events, rewriter.error_event(&error)).await;
             None
         }
     }
