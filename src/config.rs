@@ -351,6 +351,28 @@ impl Config {
             .or(self.default_upstream)
     }
 
+    /// The encodings the configured routes count with: each upstream's forced one, else that
+    /// of each route's model patterns, and o200k_base for the default upstream (any model):
+    /// the vocabularies worth loading at start.
+    pub fn encodings(&self) -> Vec<Encoding> {
+        let mut encodings: Vec<Encoding> = Vec::new();
+        let mut add = |encoding: Encoding| {
+            if !encodings.contains(&encoding) {
+                encodings.push(encoding);
+            }
+        };
+        if let Some(default) = self.default_upstream.and_then(|i| self.upstreams.get(i)) {
+            add(default.tokenizer.unwrap_or(Encoding::O200kBase));
+        }
+        for route in &self.routes {
+            let forced = self.upstreams.get(route.upstream).and_then(|u| u.tokenizer);
+            for pattern in &route.patterns {
+                add(forced.unwrap_or_else(|| Encoding::for_model(pattern.trim_end_matches('*'))));
+            }
+        }
+        encodings
+    }
+
     /// The pipeline's config for a model: its upstream's (`tool_definitions` resolved), else
     /// the global one.
     pub fn pipeline_for_model(&self, model: &str) -> &PipelineConfig {
@@ -943,6 +965,18 @@ mod tests {
             }
         }
         assert!(config.default_upstream.is_some());
+    }
+
+    #[test]
+    fn the_vocabularies_loaded_at_start_are_those_of_the_routes() {
+        let config = Config::from_toml("", no_env()).unwrap();
+        assert_eq!(config.encodings(), [Encoding::O200kBase]);
+        let text = "[upstream]\nbase_url = \"\"\n\
+            [[routes]]\nname = \"old\"\nmodels = [\"gpt-4\", \"gpt-3.5-*\"]\nbase_url = \"http://h/v1\"\n\
+            [[routes]]\nname = \"local\"\nmodels = [\"llama-*\"]\nbase_url = \"http://l/v1\"\n\
+            tokenizer = \"cl100k_base\"\n";
+        let config = Config::from_toml(text, no_env()).unwrap();
+        assert_eq!(config.encodings(), [Encoding::Cl100kBase]);
     }
 
     #[test]

@@ -187,10 +187,12 @@ impl Tokenizers {
         self.o200k.cache.bytes() + self.cl100k.cache.bytes()
     }
 
-    /// Loads both vocabularies now (~50 ms each) instead of on the first request.
-    pub fn warm_up(&self) {
-        self.o200k.text("warm up");
-        self.cl100k.text("warm up");
+    /// Loads the vocabularies of `encodings` now (~50 ms each) instead of on the first request
+    /// that needs one; the others load when a request first needs them.
+    pub fn warm_up(&self, encodings: &[Encoding]) {
+        for encoding in encodings {
+            self.for_encoding(*encoding).text("warm up");
+        }
     }
 
     /// The counter for a model, unless the route forces an encoding.

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::cli::{self, Failure, Outcome};
 use crate::config::Config;
-use crate::tokens::Tokenizers;
+use crate::tokens::{Encoding, Tokenizers};
 
 #[derive(Args)]
 pub struct AnalyzeArgs {
@@ -54,7 +54,7 @@ pub struct AnalyzeArgs {
 pub fn cmd(args: AnalyzeArgs) -> Outcome {
     let config = cli::load_config(&args.config)?;
     let tokenizers = Tokenizers::default();
-    tokenizers.warm_up();
+    tokenizers.warm_up(&[Encoding::O200kBase, Encoding::Cl100kBase]);
     if args.growth || args.files.is_empty() {
         growth(&config, &tokenizers, args.json);
         Ok(())

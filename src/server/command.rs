@@ -48,7 +48,7 @@ async fn serve(config: Config) -> Result<(), String> {
     telemetry::init(&config.log);
     let listen = config.server.listen;
     let state = AppState::new(config).map_err(|e| e.to_string())?;
-    state.tokenizers.warm_up();
+    state.tokenizers.warm_up(&state.config.encodings());
     state.store.check_at_start().await;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
