@@ -5,6 +5,8 @@
 //! Per-message counts are cached by a hash of what is counted, so a long history is not
 //! re-tokenized on every turn. The cache is a memo: it never changes a result.
 
+mod pretokenize;
+
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,9 +85,9 @@ impl Encoding {
         self.tokenizer().encode(text)
     }
 
-    /// Tokens of `text`: the tokenizer's own pre-tokenization, then each piece counted once
-    /// per thread (words repeat, and counting a piece allocates an encoder). Same result as
-    /// `Tokenizer::count`.
+    /// Tokens of `text`: the tokenizer's pre-tokenization (searched with this thread's cache,
+    /// `pretokenize`), then each piece counted once per thread (words repeat, and counting a
+    /// piece allocates an encoder). Same result as `Tokenizer::count`.
     fn count(self, text: &str) -> usize {
         let tokenizer = self.tokenizer();
         let normalized = tokenizer.normalize(text);
@@ -95,24 +97,22 @@ impl Encoding {
                 PIECE_CACHE_BYTES.fetch_sub(piece_cache_bytes(cache), Ordering::Relaxed);
                 *cache = PieceCache::default();
             }
-            tokenizer
-                .split(normalized.as_str())
-                .map(|piece| {
-                    if piece.len() == 1 {
-                        return 1; // every byte is a token
-                    }
-                    if piece.len() > PIECE_CACHE_MAX_BYTES {
-                        return tokenizer.bpe.count(piece.as_bytes());
-                    }
-                    if let Some(&count) = cache.get(piece) {
-                        return count as usize;
-                    }
+            let mut total = 0;
+            pretokenize::for_each_piece(self, normalized.as_str(), |piece| {
+                total += if piece.len() == 1 {
+                    1 // every byte is a token
+                } else if piece.len() > PIECE_CACHE_MAX_BYTES {
+                    tokenizer.bpe.count(piece.as_bytes())
+                } else if let Some(&count) = cache.get(piece) {
+                    count as usize
+                } else {
                     let count = tokenizer.bpe.count(piece.as_bytes());
                     cache.insert(piece.into(), count as u32);
                     PIECE_CACHE_BYTES.fetch_add(PIECE_ENTRY_BYTES + piece.len(), Ordering::Relaxed);
                     count
-                })
-                .sum()
+                };
+            });
+            total
         })
     }
 }
