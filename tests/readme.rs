@@ -124,8 +124,8 @@ fn client_command(program: &str, python: Option<&str>, with_key: bool) -> tokio:
     command
 }
 
-/// What the demo proxy and the mock have answered: (chat requests answered 200 by the proxy,
-/// chat requests the mock received).
+/// What the demo proxy and the mock have answered: (chat and Responses requests answered 200 by
+/// the proxy, chat and Responses requests the mock received).
 async fn answered(proxy: &str, mock: &str) -> (f64, u64) {
     let metrics = client()
         .get(format!("http://{proxy}/metrics"))
@@ -149,7 +149,7 @@ async fn answered(proxy: &str, mock: &str) -> (f64, u64) {
             "ctxproxy_chat_requests_total",
             &[("status", "200")],
         ),
-        stats["chat_requests"].as_u64().unwrap(),
+        stats["chat_requests"].as_u64().unwrap() + stats["responses_requests"].as_u64().unwrap(),
     )
 }
 

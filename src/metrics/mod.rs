@@ -285,7 +285,7 @@ impl Metrics {
             )?,
             chat_requests: r.counters(
                 "ctxproxy_chat_requests_total",
-                "Chat completion requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
+                "Chat completion and Responses API requests by model, tenant, HTTP status and cache result (hit, dedup, miss, bypass; none when no cache was consulted).",
                 &["model", "tenant", "status", "cache"],
             )?,
             usage_tokens: r.counters(
