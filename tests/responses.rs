@@ -538,3 +538,23 @@ async fn a_recall_is_answered_by_the_proxy_on_a_json_answer() {
         .collect();
     assert!(pair.iter().any(|item| item["name"] == recall::TOOL_NAME));
 }
+
+#[tokio::test]
+async fn a_streamed_request_whose_response_is_kept_upstream_sends_its_tools_whole() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut kept = deferred(true);
+    kept.as_object_mut().unwrap().remove("store");
+    let explained = proxy.explain(&kept, &[]).await;
+    assert_eq!(
+        explained["request"]["tools"], kept["tools"],
+        "a client may chain on the streamed id: nothing it sees may be re-asked"
+    );
+    let mut json = kept.clone();
+    json["stream"] = json!(false);
+    let stubbed = proxy.explain(&json, &[]).await["request"]["tools"].to_string();
+    assert!(
+        !stubbed.contains("\"city\""),
+        "a JSON answer keeps the re-ask's id: stubs"
+    );
+}

@@ -63,6 +63,11 @@ impl Converted {
         body
     }
 
+    /// Whether the upstream keeps the Response (`store` is true unless the client says false).
+    pub fn stored(&self) -> bool {
+        self.body.get("store") != Some(&Value::Bool(false))
+    }
+
     /// Whether a stored Response may answer the body (`cache::responses::cacheable`).
     pub fn cacheable(&self) -> bool {
         crate::cache::responses::cacheable(&self.body)

@@ -59,6 +59,9 @@ pub struct Upstream {
     /// The pipeline's config with tools needed later defined in the block, used once the
     /// upstream is known to refuse or drop a definitions message in mid-conversation.
     in_block: Arc<PipelineConfig>,
+    /// The pipeline's config with every tool in full and no recall tool, for a request whose
+    /// answer the proxy must not re-ask (`ChatCall::run_pipeline`).
+    tools_whole: Arc<PipelineConfig>,
     /// What its chat template taught: 0 nothing, else a [`Lesson`].
     learned: AtomicU8,
     /// When the store may next be asked what other replicas learned, in milliseconds since
@@ -156,14 +159,23 @@ impl Upstream {
         );
         let mut in_block = PipelineConfig::clone(&config.pipeline);
         in_block.tools.definitions = Definitions::InBlock;
+        let mut tools_whole = PipelineConfig::clone(&config.pipeline);
+        tools_whole.tools.enabled = false;
+        tools_whole.compact.recall = false;
         Ok(Upstream {
             config,
             client,
             in_block: Arc::new(in_block),
+            tools_whole: Arc::new(tools_whole),
             learned: AtomicU8::new(0),
             next_store_check_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
         })
+    }
+
+    /// The pipeline's config with every tool in full and no recall tool.
+    pub fn tools_whole_pipeline(&self) -> &Arc<PipelineConfig> {
+        &self.tools_whole
     }
 
     /// The pipeline's config for a request to this upstream: the configured one, or, once the

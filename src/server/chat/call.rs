@@ -143,6 +143,18 @@ impl<'a> ChatCall<'a> {
         }
     }
 
+    /// Whether the proxy may answer a call to a stub or to `ctxproxy_recall` without the client
+    /// telling: always on chat, and on the Responses API unless the answer streams under an id
+    /// the upstream keeps. A streamed expansion keeps the first answer's id (the SDKs refuse a
+    /// stream whose Response changes), and with `store` true that stored Response holds the call
+    /// to the stub: a client chaining on it would answer a call the upstream never saw. Such a
+    /// request sends its tools whole, with no recall tool.
+    pub fn expansion_hidden(&self) -> bool {
+        self.responses
+            .as_ref()
+            .is_none_or(|c| !self.chat.is_stream() || !c.stored())
+    }
+
     /// Whether the pipeline may rewrite the request: any chat request, a Responses body whose
     /// history the client sent whole ([`responses::Converted::rewritable`]).
     pub fn rewritable(&self) -> bool {
@@ -270,7 +282,11 @@ impl<'a> ChatCall<'a> {
         // What another replica learned of the upstream's template (rarely asks the store).
         let ((remembered, recalls), ()) =
             tokio::join!(conversation, learned::refresh(state, self.upstream));
-        let config = self.upstream.pipeline();
+        let config = if self.expansion_hidden() {
+            self.upstream.pipeline()
+        } else {
+            self.upstream.tools_whole_pipeline()
+        };
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers
