@@ -1,8 +1,10 @@
-//! Parse → serialize of a chat request: the fixed cost every chat completion pays in ctxproxy.
+//! Parse → serialize of a chat request: the fixed cost every chat completion pays in ctxproxy;
+//! and of the same request as a Responses API body (read as chat, written back).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ctxproxy::openai::ChatRequest;
+use ctxproxy::responses;
 use serde_json::{Value, json};
 
 /// A 20-turn agent conversation with tool calls and tool results, about 30 KB.
@@ -27,6 +29,46 @@ fn twenty_turn_request() -> Vec<u8> {
     .unwrap()
 }
 
+/// The same request as a Responses API body: the system message as `instructions`, messages
+/// and tool calls as items, flat function tools.
+fn as_responses(chat: &[u8]) -> Vec<u8> {
+    let chat: Value = serde_json::from_slice(chat).unwrap();
+    let mut items = Vec::new();
+    let mut instructions = Value::Null;
+    for message in chat["messages"].as_array().unwrap() {
+        match message["role"].as_str().unwrap() {
+            "system" => instructions = message["content"].clone(),
+            "tool" => items.push(json!({"type": "function_call_output",
+                "call_id": message["tool_call_id"], "output": message["content"]})),
+            "assistant" => {
+                if let Some(text) = message["content"].as_str() {
+                    items.push(json!({"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+                }
+                for call in message["tool_calls"].as_array().into_iter().flatten() {
+                    items.push(json!({"type": "function_call", "call_id": call["id"],
+                        "name": call["function"]["name"], "arguments": call["function"]["arguments"]}));
+                }
+            }
+            role => items.push(json!({"role": role, "content": message["content"]})),
+        }
+    }
+    let tools: Vec<Value> = chat["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"type": "function", "name": f["name"], "description": f["description"], "parameters": f["parameters"]})
+        })
+        .collect();
+    serde_json::to_vec(
+        &json!({"model": "gpt-4o", "instructions": instructions, "input": items,
+        "tools": tools, "temperature": 0, "store": false}),
+    )
+    .unwrap()
+}
+
 fn parse_serialize(c: &mut Criterion) {
     let body = twenty_turn_request();
     let mut group = c.benchmark_group("wire");
@@ -42,6 +84,28 @@ fn parse_serialize(c: &mut Criterion) {
     );
     group.bench_function("parse_only", |b| {
         b.iter(|| ChatRequest::parse(std::hint::black_box(&body)).unwrap())
+    });
+    let responses_body = as_responses(&body);
+    group.bench_function("responses_parse_convert_write", |b| {
+        b.iter(|| {
+            let parsed = responses::parse(std::hint::black_box(&responses_body)).unwrap();
+            let (chat, converted) = responses::to_chat(parsed).unwrap();
+            responses::write(&converted, &chat).unwrap()
+        })
+    });
+    group.bench_function("responses_to_chat_only", |b| {
+        b.iter_batched(
+            || responses::parse(&responses_body).unwrap(),
+            |parsed| responses::to_chat(parsed).unwrap(),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    let (chat, converted) = responses::to_chat(responses::parse(&responses_body).unwrap()).unwrap();
+    group.bench_function("responses_write_only", |b| {
+        b.iter(|| responses::write(&converted, std::hint::black_box(&chat)).unwrap())
+    });
+    group.bench_function("responses_parse_only", |b| {
+        b.iter(|| responses::parse(std::hint::black_box(&responses_body)).unwrap())
     });
     group.finish();
 }
