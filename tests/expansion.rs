@@ -985,3 +985,45 @@ async fn with_the_store_down_a_replica_still_learns_for_itself() {
     assert_eq!(calls[0].1, r#"{"city":"mock"}"#);
     assert_eq!(defined_in_rewrite(&proxy, &next).await, 0);
 }
+
+/// review: the Responses form of `an_upstream_that_refuses_definitions_in_place_…`: the re-ask
+/// with the definitions in the block must still be a Responses body (send.rs serializes the
+/// chat request `in_block` and posts it to `/v1/responses`).
+#[tokio::test]
+async fn review_a_responses_request_refused_in_place_is_asked_again_as_a_responses_body() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = in_place_proxy(&mock).await;
+    let flat: Vec<Value> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut flat = t["function"].clone();
+            flat["type"] = json!("function");
+            flat
+        })
+        .collect();
+    let body = json!({"model": "gpt-4o", "store": false, "tools": flat, "input": [
+        {"role": "user", "content": "Do I need an umbrella in Paris tomorrow?"},
+        {"type": "function_call", "call_id": "c1", "name": "send_email", "arguments": "{\"to\":\"a@b.co\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sent"},
+        {"role": "user", "content": "Send another one to the same address."}
+    ]});
+    let explained = proxy.explain(&body, &[]).await;
+    let sent = explained["request"].to_string();
+    assert!(
+        sent.contains("send_email") && explained["request"]["input"].is_array(),
+        "{sent}"
+    );
+    let response = client()
+        .post(proxy.url("/v1/responses"))
+        .header("X-Mock-System-Messages", "reject")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+}

@@ -250,3 +250,152 @@ fn malformed_items_are_named() {
         );
     }
 }
+
+// ---- review: failing tests that show bugs ----
+
+/// The items of `back`'s input whose `type` is `kind`, by `call_id`.
+fn call_ids(back: &ResponsesBody, kind: &str) -> Vec<String> {
+    back["input"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == kind)
+        .filter_map(|i| i["call_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The system stage folds a developer message into `instructions` (here: drops it as a
+/// duplicate of `instructions`, which makes the prompt smaller, so the rewrite is sent); the
+/// items that message carried (here the `compaction` item that stands for the whole earlier
+/// conversation) must not vanish with it.
+#[test]
+fn review_a_folded_developer_message_keeps_the_items_it_carries() {
+    use crate::pipeline::{Env, Memo, PipelineConfig, run};
+    use crate::tokens::{Encoding, TokenCounter};
+    let original = json!({"model": "gpt-5", "instructions": "You are a support agent.", "store": false,
+        "input": [
+            {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAhistory"},
+            {"role": "developer", "content": "You are a support agent."},
+            {"role": "user", "content": "And order 4712?"}
+        ]});
+    let (chat, converted) = to_chat(body(original)).expect("converts");
+    let config = PipelineConfig::default();
+    let counter = TokenCounter::new(Encoding::O200kBase);
+    let memo = Memo::default();
+    let rewrite = run(
+        &chat,
+        &Env {
+            config: &config,
+            counter: &counter,
+            memo: &memo,
+            budget: 100_000,
+            sticky_categories: &[],
+            reinforcement: None,
+            remembered: None,
+        },
+    );
+    assert!(rewrite.changed(), "the system stage folds the developer message");
+    let back = from_chat(&converted, &rewrite.request);
+    let sent = serde_json::to_string(&back).unwrap_or_default();
+    assert!(
+        sent.contains("cmp_1"),
+        "the compaction item was dropped with the folded developer message: {sent}"
+    );
+}
+
+/// Two equal user messages ("yes"): the first is summarized, the second kept. The kept one must
+/// go with its own carried items, not the earlier one's.
+#[test]
+fn review_an_equal_earlier_message_does_not_take_the_place_of_the_kept_one() {
+    let original = json!({"model": "m", "store": false, "input": [
+        {"role": "user", "content": "Delete the old branch?"},
+        {"type": "mcp_call", "id": "mcp_1", "server_label": "git", "name": "list", "arguments": "{}", "output": "old"},
+        {"role": "user", "content": "yes"},
+        {"type": "message", "role": "assistant", "id": "msg_1", "content": [{"type": "output_text", "text": "Deleted."}]},
+        {"type": "web_search_call", "id": "ws_2", "status": "completed", "action": {"type": "search", "query": "x"}},
+        {"role": "user", "content": "yes"},
+        {"type": "message", "role": "assistant", "id": "msg_2", "content": [{"type": "output_text", "text": "Done too."}]},
+        {"role": "user", "content": "Thanks"}
+    ]});
+    let (chat, converted) = to_chat(body(original)).expect("converts");
+    let mut rewritten = chat.clone();
+    // The first exchange (through "Deleted.") summarized.
+    let summary = Message::text(Role::System, "Summary: the old branch was deleted.");
+    rewritten.messages.splice(0..3, [summary]);
+    let back = from_chat(&converted, &rewritten);
+    let sent = serde_json::to_string(&back).unwrap_or_default();
+    assert!(
+        sent.contains("ws_2"),
+        "the kept \"yes\" lost the item it carried: {sent}"
+    );
+    assert!(
+        !sent.contains("mcp_1"),
+        "a summarized turn's item came back: {sent}"
+    );
+}
+
+/// A parallel function call and custom tool call: the custom call rides with the function
+/// call's output, its output with the next step. Summarizing the first step (call and result,
+/// a valid chat cut) must not leave the custom call's output without its call.
+#[test]
+fn review_a_summarized_step_takes_a_parallel_custom_call_and_its_output_together() {
+    let original = json!({"model": "m", "store": false, "input": [
+        {"role": "user", "content": "Fix the bug."},
+        reasoning("rs_1"),
+        {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}", "id": "fc_1"},
+        {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "*** Begin Patch", "id": "ctc_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "fn main() {}"},
+        {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "patched"},
+        reasoning("rs_2"),
+        {"type": "function_call", "call_id": "call_2", "name": "run_tests", "arguments": "{}", "id": "fc_2"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "ok"}
+    ]});
+    let (chat, converted) = to_chat(body(original)).expect("converts");
+    let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool"]);
+    let mut rewritten = chat.clone();
+    // The older step (assistant call_1 and its result) summarized; the latest step kept.
+    let summary = Message::text(Role::User, "Summary: read the file.");
+    rewritten.messages.splice(1..3, [summary]);
+    let back = from_chat(&converted, &rewritten);
+    let calls = call_ids(&back, "custom_tool_call");
+    let outputs = call_ids(&back, "custom_tool_call_output");
+    assert!(
+        outputs.iter().all(|id| calls.contains(id)),
+        "custom_tool_call_output {outputs:?} sent without its call (calls: {calls:?})"
+    );
+}
+
+/// A compaction item between a custom tool call and its output: the call must be kept, as it is
+/// for a function call.
+#[test]
+fn review_a_compaction_does_not_part_a_custom_call_from_its_output() {
+    let original = json!({"model": "m", "store": false, "input": [
+        {"role": "user", "content": "Patch it."},
+        {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "*** Begin Patch", "id": "ctc_1"},
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "xyz"},
+        {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "patched"},
+        {"role": "user", "content": "Next?"}
+    ]});
+    let (chat, converted) = to_chat(body(original)).expect("converts");
+    let back = from_chat(&converted, &chat);
+    let calls = call_ids(&back, "custom_tool_call");
+    let outputs = call_ids(&back, "custom_tool_call_output");
+    assert!(
+        outputs.iter().all(|id| calls.contains(id)),
+        "custom_tool_call_output {outputs:?} sent without its call (calls: {calls:?})"
+    );
+}
+
+/// A function call the client sends as an `item_reference` (to an item the upstream stored):
+/// its output is not an orphan, and OpenAI accepts it. ctxproxy must not answer 400.
+#[test]
+fn review_an_output_of_a_referenced_call_is_not_refused() {
+    let original = json!({"model": "m", "input": [
+        {"role": "user", "content": "Where is order 4711?"},
+        {"type": "item_reference", "id": "fc_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "shipped"}
+    ]});
+    let result = to_chat(body(original)).map(|_| ()).map_err(|e| e.to_string());
+    assert_eq!(result, Ok(()));
+}
