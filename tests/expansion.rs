@@ -986,11 +986,10 @@ async fn with_the_store_down_a_replica_still_learns_for_itself() {
     assert_eq!(defined_in_rewrite(&proxy, &next).await, 0);
 }
 
-/// review: the Responses form of `an_upstream_that_refuses_definitions_in_place_…`: the re-ask
-/// with the definitions in the block must still be a Responses body (send.rs serializes the
-/// chat request `in_block` and posts it to `/v1/responses`).
+/// The Responses form of `an_upstream_that_refuses_definitions_in_place_…`: the re-ask
+/// with the definitions in the block must still be a Responses body.
 #[tokio::test]
-async fn review_a_responses_request_refused_in_place_is_asked_again_as_a_responses_body() {
+async fn a_responses_request_refused_in_place_is_asked_again_as_a_responses_body() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = in_place_proxy(&mock).await;
     let flat: Vec<Value> = tools()
@@ -1025,5 +1024,7 @@ async fn review_a_responses_request_refused_in_place_is_asked_again_as_a_respons
     let status = response.status();
     let text = response.text().await.unwrap();
     assert_eq!(status, 200, "{text}");
-    assert!(!text.contains("\"error\""), "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["object"], "response", "{text}");
+    assert!(answer["error"].is_null(), "{text}");
 }

@@ -97,7 +97,13 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
 
     let origins = origins(converted, messages);
     let mut input: Vec<Cow<'a, Value>> = Vec::new();
+    // Units before this one are behind: what a folded system message carried goes out there.
+    let mut passed = usize::from(converted.instructions);
     for (message, origin) in messages.iter().zip(origins) {
+        if let Origin::Kept(unit) | Origin::Compacted(unit) = origin {
+            carried_by_folded(converted, passed..unit, &mut input);
+            passed = unit + 1;
+        }
         match origin {
             Origin::Kept(unit) => {
                 input.extend(converted.units[unit].items.iter().map(Cow::Borrowed))
@@ -106,6 +112,7 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
             Origin::New => new_items(message, &mut input),
         }
     }
+    carried_by_folded(converted, passed..converted.units.len(), &mut input);
     input.extend(converted.trailing.iter().map(Cow::Borrowed));
 
     let mut body = Vec::with_capacity(converted.body.len() + 1);
@@ -143,9 +150,11 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
     body
 }
 
-/// The origin of each message, matched in order: a message equal to one of the client's (after
-/// the last matched) is that one; a tool message whose content changed is the client's result
-/// for its call.
+/// The origin of each message, matched from the end: a message equal to one of the client's
+/// (before the last matched) is the latest such; a tool message whose content changed is the
+/// client's result for its call. Matching from the end makes a kept message the client's latest
+/// equal one: the rewrite keeps the recent turns, and an earlier equal message ("yes") may have
+/// been summarized.
 fn origins(converted: &Converted, messages: &[Message]) -> Vec<Origin> {
     let start = usize::from(converted.instructions);
     let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::new();
@@ -156,40 +165,62 @@ fn origins(converted: &Converted, messages: &[Message]) -> Vec<Origin> {
             by_call.entry(id.as_str()).or_insert(k);
         }
     }
-    let mut next = start;
-    messages
+    let mut upper = converted.units.len();
+    let mut origins: Vec<Origin> = messages
         .iter()
+        .rev()
         .map(|message| {
             let kept = by_hash.get(&key(message)).and_then(|units| {
                 units
                     .iter()
+                    .rev()
                     .copied()
-                    .find(|&k| k >= next && converted.units[k].message == *message)
+                    .find(|&k| k < upper && converted.units[k].message == *message)
             });
             if let Some(unit) = kept {
-                next = unit + 1;
+                upper = unit;
                 return Origin::Kept(unit);
             }
             let compacted = (message.role == Role::Tool)
                 .then(|| message.tool_call_id.get())
                 .flatten()
                 .and_then(|id| by_call.get(id.as_str()).copied())
-                .filter(|&k| k >= next);
+                .filter(|&k| k < upper);
             match compacted {
                 Some(unit) => {
-                    next = unit + 1;
+                    upper = unit;
                     Origin::Compacted(unit)
                 }
                 None => Origin::New,
             }
         })
-        .collect()
+        .collect();
+    origins.reverse();
+    origins
 }
 
 fn key(message: &Message) -> u64 {
     let mut hasher = FixedState::with_seed(0x5e5_0a5e).build_hasher();
     hash_message(message, &mut hasher);
     hasher.finish()
+}
+
+/// The items carried by the system and developer messages of `units` that the rewrite does not
+/// send as they were: the system stage folds them into the first message (or drops a repeat),
+/// which is not leaving their turn out, so what they carried (a `compaction` item, a hosted
+/// call) still goes, where it was.
+fn carried_by_folded<'a>(
+    converted: &'a Converted,
+    units: std::ops::Range<usize>,
+    input: &mut Vec<Cow<'a, Value>>,
+) {
+    for unit in &converted.units[units] {
+        if matches!(unit.message.role, Role::System | Role::Developer)
+            && let Some((_own, carried)) = unit.items.split_last()
+        {
+            input.extend(carried.iter().map(Cow::Borrowed));
+        }
+    }
 }
 
 /// A compacted result: the items carried before it, then its `function_call_output` item with

@@ -251,7 +251,8 @@ fn malformed_items_are_named() {
     }
 }
 
-// ---- review: failing tests that show bugs ----
+// Found by review: carried items of folded system messages, equal messages, pairs of calls
+// other than chat's, and outputs of referenced calls.
 
 /// The items of `back`'s input whose `type` is `kind`, by `call_id`.
 fn call_ids(back: &ResponsesBody, kind: &str) -> Vec<String> {
@@ -269,15 +270,15 @@ fn call_ids(back: &ResponsesBody, kind: &str) -> Vec<String> {
 /// items that message carried (here the `compaction` item that stands for the whole earlier
 /// conversation) must not vanish with it.
 #[test]
-fn review_a_folded_developer_message_keeps_the_items_it_carries() {
+fn a_folded_developer_message_keeps_the_items_it_carries() {
     use crate::pipeline::{Env, Memo, PipelineConfig, run};
     use crate::tokens::{Encoding, TokenCounter};
     let original = json!({"model": "gpt-5", "instructions": "You are a support agent.", "store": false,
-        "input": [
-            {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAhistory"},
-            {"role": "developer", "content": "You are a support agent."},
-            {"role": "user", "content": "And order 4712?"}
-        ]});
+    "input": [
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAhistory"},
+        {"role": "developer", "content": "You are a support agent."},
+        {"role": "user", "content": "And order 4712?"}
+    ]});
     let (chat, converted) = to_chat(body(original)).expect("converts");
     let config = PipelineConfig::default();
     let counter = TokenCounter::new(Encoding::O200kBase);
@@ -294,7 +295,10 @@ fn review_a_folded_developer_message_keeps_the_items_it_carries() {
             remembered: None,
         },
     );
-    assert!(rewrite.changed(), "the system stage folds the developer message");
+    assert!(
+        rewrite.changed(),
+        "the system stage folds the developer message"
+    );
     let back = from_chat(&converted, &rewrite.request);
     let sent = serde_json::to_string(&back).unwrap_or_default();
     assert!(
@@ -306,7 +310,7 @@ fn review_a_folded_developer_message_keeps_the_items_it_carries() {
 /// Two equal user messages ("yes"): the first is summarized, the second kept. The kept one must
 /// go with its own carried items, not the earlier one's.
 #[test]
-fn review_an_equal_earlier_message_does_not_take_the_place_of_the_kept_one() {
+fn an_equal_earlier_message_does_not_take_the_place_of_the_kept_one() {
     let original = json!({"model": "m", "store": false, "input": [
         {"role": "user", "content": "Delete the old branch?"},
         {"type": "mcp_call", "id": "mcp_1", "server_label": "git", "name": "list", "arguments": "{}", "output": "old"},
@@ -338,7 +342,7 @@ fn review_an_equal_earlier_message_does_not_take_the_place_of_the_kept_one() {
 /// call's output, its output with the next step. Summarizing the first step (call and result,
 /// a valid chat cut) must not leave the custom call's output without its call.
 #[test]
-fn review_a_summarized_step_takes_a_parallel_custom_call_and_its_output_together() {
+fn a_summarized_step_takes_a_parallel_custom_call_and_its_output_together() {
     let original = json!({"model": "m", "store": false, "input": [
         {"role": "user", "content": "Fix the bug."},
         reasoning("rs_1"),
@@ -369,7 +373,7 @@ fn review_a_summarized_step_takes_a_parallel_custom_call_and_its_output_together
 /// A compaction item between a custom tool call and its output: the call must be kept, as it is
 /// for a function call.
 #[test]
-fn review_a_compaction_does_not_part_a_custom_call_from_its_output() {
+fn a_compaction_does_not_part_a_custom_call_from_its_output() {
     let original = json!({"model": "m", "store": false, "input": [
         {"role": "user", "content": "Patch it."},
         {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "*** Begin Patch", "id": "ctc_1"},
@@ -390,12 +394,14 @@ fn review_a_compaction_does_not_part_a_custom_call_from_its_output() {
 /// A function call the client sends as an `item_reference` (to an item the upstream stored):
 /// its output is not an orphan, and OpenAI accepts it. ctxproxy must not answer 400.
 #[test]
-fn review_an_output_of_a_referenced_call_is_not_refused() {
+fn an_output_of_a_referenced_call_is_not_refused() {
     let original = json!({"model": "m", "input": [
         {"role": "user", "content": "Where is order 4711?"},
         {"type": "item_reference", "id": "fc_1"},
         {"type": "function_call_output", "call_id": "call_1", "output": "shipped"}
     ]});
-    let result = to_chat(body(original)).map(|_| ()).map_err(|e| e.to_string());
+    let result = to_chat(body(original))
+        .map(|_| ())
+        .map_err(|e| e.to_string());
     assert_eq!(result, Ok(()));
 }

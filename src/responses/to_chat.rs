@@ -152,7 +152,10 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
     };
     let start = {
         let items = objects(&input)?;
-        if !is_chained(&body) {
+        // A call the input refers to (`item_reference`, or an item type ctxproxy does not know)
+        // is not seen here: the upstream judges the outputs.
+        let refers = items.iter().any(|item| !is_known(item));
+        if !is_chained(&body) && !refers {
             no_orphan_outputs(&items)?;
         }
         after_compaction(&items)
@@ -160,6 +163,13 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
     let compacted_items = start.iter().filter(|&&kept| !kept).count();
 
     let mut trailing = Vec::new();
+    // A call another item answers later waits for its answer (and the reasoning before it with
+    // it), so the two are carried by the same message and kept or left out together.
+    let answered = {
+        let items = objects(&input)?;
+        answered_calls(&items)
+    };
+    let mut held: Vec<Value> = Vec::new();
     let mut open_assistant: Option<usize> = None;
     for (at, (raw, read)) in input.into_iter().zip(start).enumerate() {
         let Some(item) = raw.as_object().filter(|_| read) else {
@@ -209,9 +219,43 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
                     items: carried,
                 });
             }
-            Kind::Carried => trailing.push(raw),
+            Kind::Carried => match paired(item) {
+                Some(Paired::Call(id)) if answered.contains(&id) => {
+                    let reasoning = trailing
+                        .iter()
+                        .rev()
+                        .take_while(|t: &&Value| {
+                            t.get("type").and_then(Value::as_str) == Some("reasoning")
+                        })
+                        .count();
+                    held.extend(trailing.drain(trailing.len() - reasoning..));
+                    held.push(raw);
+                }
+                Some(Paired::Answer(id)) => {
+                    let call = held.iter().position(|h| {
+                        h.as_object()
+                            .and_then(paired)
+                            .is_some_and(|p| matches!(p, Paired::Call(c) if c == id))
+                    });
+                    if let Some(call) = call {
+                        // The call, the reasoning held before it, and the answer, in order.
+                        let start = held[..call]
+                            .iter()
+                            .rev()
+                            .take_while(|h| {
+                                h.get("type").and_then(Value::as_str) == Some("reasoning")
+                            })
+                            .count();
+                        trailing.extend(held.drain(call - start..=call));
+                    }
+                    trailing.push(raw);
+                }
+                _ => trailing.push(raw),
+            },
         }
     }
+
+    trailing.append(&mut held);
 
     let tools = tools_of(&body)?;
     let tool_choice = body
@@ -269,9 +313,56 @@ fn objects(input: &[Value]) -> Result<Vec<&Map<String, Value>>, ProxyError> {
         .collect()
 }
 
+/// What an item is in a call and its answer (any pair but `function_call`'s, which are chat's own
+/// tool calls and results): a call the client runs (`custom_tool_call`, `computer_call`,
+/// `local_shell_call`, …) or an MCP approval request, or the answer to one.
+enum Paired {
+    Call(String),
+    Answer(String),
+}
+
+fn paired(item: &Map<String, Value>) -> Option<Paired> {
+    let kind = item.get("type").and_then(Value::as_str)?;
+    let text = |key: &str| item.get(key).and_then(Value::as_str).map(str::to_owned);
+    match kind {
+        "function_call" | "function_call_output" => None,
+        "mcp_approval_request" => text("id").map(Paired::Call),
+        "mcp_approval_response" => text("approval_request_id").map(Paired::Answer),
+        _ if kind.ends_with("_output") => text("call_id").map(Paired::Answer),
+        _ => text("call_id").map(Paired::Call),
+    }
+}
+
+/// The calls of `items` (chat's and the others) that an item of `answers` answers.
+fn answered_calls(items: &[&Map<String, Value>]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|item| match (kind_of(item), paired(item)) {
+            (Kind::FunctionCallOutput, _) => item
+                .get("call_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            (_, Some(Paired::Answer(id))) => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The id of the call an item makes, chat's or another.
+fn call_made(item: &Map<String, Value>) -> Option<String> {
+    match (kind_of(item), paired(item)) {
+        (Kind::FunctionCall, _) => item
+            .get("call_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        (_, Some(Paired::Call(id))) => Some(id),
+        _ => None,
+    }
+}
+
 /// Which items are read: with a `compaction` item, it stands for the items before it (OpenAI's
 /// advice for stateless chains), except system and developer messages, which are kept; when an
-/// output after it answers a call before it, everything is kept.
+/// answer after it (an output, an approval) answers a call before it, everything is kept.
 fn after_compaction(items: &[&Map<String, Value>]) -> Vec<bool> {
     let Some(last) = items
         .iter()
@@ -279,20 +370,10 @@ fn after_compaction(items: &[&Map<String, Value>]) -> Vec<bool> {
     else {
         return vec![true; items.len()];
     };
-    let call_id = |item: &Map<String, Value>| {
-        item.get("call_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let answered_later: Vec<String> = items[last..]
+    let answered_later = answered_calls(&items[last..]);
+    let called_before = items[..last]
         .iter()
-        .filter(|item| matches!(kind_of(item), Kind::FunctionCallOutput))
-        .filter_map(|item| call_id(item))
-        .collect();
-    let called_before = items[..last].iter().any(|item| {
-        matches!(kind_of(item), Kind::FunctionCall)
-            && call_id(item).is_some_and(|id| answered_later.contains(&id))
-    });
+        .any(|item| call_made(item).is_some_and(|id| answered_later.contains(&id)));
     if called_before {
         return vec![true; items.len()];
     }
@@ -308,6 +389,41 @@ fn after_compaction(items: &[&Map<String, Value>]) -> Vec<bool> {
                     ))
         })
         .collect()
+}
+
+/// Item types whose contents are all in the item (an `item_reference` is not).
+const KNOWN_ITEMS: [&str; 24] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "compaction",
+    "web_search_call",
+    "file_search_call",
+    "code_interpreter_call",
+    "image_generation_call",
+    "computer_call",
+    "computer_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "tool_search_call",
+];
+
+fn is_known(item: &Map<String, Value>) -> bool {
+    match item.get("type").and_then(Value::as_str) {
+        Some(kind) => KNOWN_ITEMS.contains(&kind),
+        None => item.contains_key("role"),
+    }
 }
 
 /// Every `function_call_output` answers a `function_call` before it.

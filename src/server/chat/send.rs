@@ -19,6 +19,7 @@ use crate::pipeline::Mode;
 use crate::pipeline::recall::Mark;
 use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
+use crate::responses;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
 use crate::server::guarded::refusal::{self, Answered};
 use crate::server::guarded::{self, Conversation, ExpandCall, GuardCall, Sent};
@@ -235,8 +236,11 @@ impl ChatCall<'_> {
             match refusal::read(upstream, answer).await? {
                 Answered::Other(other) => answer = other,
                 Answered::RefusedSystemMessage => {
-                    let bytes = serde_json::to_vec(&in_block)
-                        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+                    let bytes = match &self.responses {
+                        Some(converted) => responses::write(converted, &in_block),
+                        None => serde_json::to_vec(&in_block),
+                    }
+                    .map_err(|e| ProxyError::Internal(e.to_string()))?;
                     let bytes = Bytes::from(
                         match strip_usage
                             .then(|| meter::with_stream_usage(&bytes))
