@@ -135,6 +135,10 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
                 Some(choice) => Field::Value(Cow::Owned(choice)),
                 None => continue,
             },
+            "model" | "stream" => Field::Value(Cow::Borrowed(value)),
+            // A field the pipeline took out of the request (`parallel_tool_calls` once it
+            // sends no tools) is not sent.
+            _ if !rewritten.extra.contains_key(key) => continue,
             _ => Field::Value(Cow::Borrowed(value)),
         };
         body.push((key.as_str(), field));

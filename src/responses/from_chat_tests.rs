@@ -191,12 +191,17 @@ fn changed_instructions_and_tools_are_written_in_the_responses_shape() {
 
 #[test]
 fn a_rewrite_without_tools_sends_no_tools_nor_tool_choice() {
-    let (chat, converted) = to_chat(body(agent())).expect("converts");
+    let mut client = agent();
+    client["parallel_tool_calls"] = json!(false);
+    let (chat, converted) = to_chat(body(client)).expect("converts");
     let mut rewritten = chat.clone();
     rewritten.tools = Nullable::Absent;
     rewritten.tool_choice = Nullable::Absent;
+    rewritten.extra.remove("parallel_tool_calls");
     let back = from_chat(&converted, &rewritten);
     assert!(!back.contains_key("tools") && !back.contains_key("tool_choice"));
+    assert!(!back.contains_key("parallel_tool_calls"));
+    assert_eq!(back["include"], json!(["reasoning.encrypted_content"]));
 }
 
 #[test]
