@@ -22,6 +22,16 @@ pub fn storable(answer: &[u8]) -> Option<Value> {
     completed(response)
 }
 
+/// A stored Response as this request's: its `user` echoed as this request sent it (the cache
+/// key leaves `user` out, as on chat).
+pub fn echo_user(response: &mut Value, user: Option<&Value>) {
+    if let Some(object) = response.as_object_mut()
+        && object.contains_key("user")
+    {
+        object.insert("user".into(), user.cloned().unwrap_or(Value::Null));
+    }
+}
+
 /// What a stream event says of the answer: the Response its `response.completed` carries
 /// (stored), an event that ends it otherwise (not stored), or nothing yet.
 pub enum Seen {
@@ -208,6 +218,19 @@ mod tests {
         assert!(!cacheable(&body(
             json!({"store": false, "conversation": "conv_1"})
         )));
+    }
+
+    #[test]
+    fn a_stored_response_echoes_the_user_of_the_request_it_answers() {
+        let mut stored = response();
+        stored["user"] = json!("first");
+        echo_user(&mut stored, Some(&json!("second")));
+        assert_eq!(stored["user"], "second");
+        echo_user(&mut stored, None);
+        assert_eq!(stored["user"], Value::Null);
+        let mut without = response();
+        echo_user(&mut without, Some(&json!("x")));
+        assert!(without.get("user").is_none());
     }
 
     #[test]

@@ -143,7 +143,8 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
         };
         body.push((key.as_str(), field));
     }
-    if let Some(items) = input {
+    // The client sent no `input`: none is added unless the rewrite has items to send.
+    if let Some(items) = input.filter(|items| !items.is_empty()) {
         body.push(("input", Field::Items(items)));
     }
     if !converted.body.contains_key("tools")

@@ -410,3 +410,14 @@ fn an_output_of_a_referenced_call_is_not_refused() {
         .map_err(|e| e.to_string());
     assert_eq!(result, Ok(()));
 }
+
+#[test]
+fn a_body_without_input_gets_none_added() {
+    let (chat, converted) =
+        to_chat(body(json!({"model": "m", "instructions": "Be brief."}))).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages[0] = Message::text(Role::System, "Be brief. Really.");
+    let back = from_chat(&converted, &rewritten);
+    assert!(!back.contains_key("input"), "{back:?}");
+    assert_eq!(back["instructions"], "Be brief. Really.");
+}

@@ -292,8 +292,10 @@ pub async fn look_up(
         Api::Chat => serde_json::from_slice::<ChatCompletion>(&bytes)
             .ok()
             .map(|completion| (completion.usage.get().cloned(), answer(&completion, chat))),
-        Api::Responses => responses::storable(&bytes).map(|response| {
+        Api::Responses => responses::storable(&bytes).map(|mut response| {
             let usage = meter::usage_of_answer(Api::Responses, &bytes);
+            // The key leaves `user` out; the Response echoes it: this request's.
+            responses::echo_user(&mut response, chat.extra.get("user"));
             (usage, responses_answer(&response, chat.is_stream()))
         }),
     };
