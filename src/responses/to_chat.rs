@@ -150,7 +150,8 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         },
         _ => Vec::new(),
     };
-    let start = {
+    // Which items are read, and the calls an item answers (see `held` below).
+    let (start, answered) = {
         let items = objects(&input)?;
         // A call the input refers to (`item_reference`, or an item type ctxproxy does not know)
         // is not seen here: the upstream judges the outputs.
@@ -158,17 +159,13 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         if !is_chained(&body) && !refers {
             no_orphan_outputs(&items)?;
         }
-        after_compaction(&items)
+        (after_compaction(&items), answered_calls(&items))
     };
     let compacted_items = start.iter().filter(|&&kept| !kept).count();
 
     let mut trailing = Vec::new();
     // A call another item answers later waits for its answer (and the reasoning before it with
     // it), so the two are carried by the same message and kept or left out together.
-    let answered = {
-        let items = objects(&input)?;
-        answered_calls(&items)
-    };
     let mut held: Vec<Value> = Vec::new();
     let mut open_assistant: Option<usize> = None;
     for (at, (raw, read)) in input.into_iter().zip(start).enumerate() {
@@ -333,7 +330,7 @@ fn paired(item: &Map<String, Value>) -> Option<Paired> {
     }
 }
 
-/// The calls of `items` (chat's and the others) that an item of `answers` answers.
+/// The ids of the calls (chat's and the others) that an item of `items` answers.
 fn answered_calls(items: &[&Map<String, Value>]) -> Vec<String> {
     items
         .iter()
