@@ -22,8 +22,10 @@ use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
 use crate::tokens::TokenCounter;
 
+mod listing;
 mod table;
 
+use listing::TaskWords;
 use table::tabulated;
 
 pub struct CompactStage;
@@ -65,6 +67,8 @@ impl Stage for CompactStage {
         let recall = cx.config.compact.recall
             && recall::can_offer(request, request.tools.get().map_or(&[], Vec::as_slice));
         let mut handles = Vec::new();
+        // What the user asked before each result, hashed as the results are met in order.
+        let mut asked = AskedSoFar::default();
         // Copied on the first change.
         let mut messages: Option<Vec<Message>> = None;
         let mut replace = |index: usize, text: String| {
@@ -91,8 +95,11 @@ impl Stage for CompactStage {
             }
             if n < keep_from && clear.contains(&index) {
                 let max_tokens = cx.config.compact.stub_max_tokens;
-                let stub = cx.memo.text(stub_key(call, &text, max_tokens, cx), || {
-                    stub(call, &text, max_tokens, cx.counter)
+                let before = &request.messages[..index];
+                let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
+                let stub = cx.memo.text(key, || {
+                    let task = TaskWords::of(before, call);
+                    stub(call, &text, max_tokens, &task, cx.counter)
                 });
                 let stub = if recall {
                     let handle = recall::handle_of(&text);
@@ -333,12 +340,42 @@ fn cleared_in_batches(
 /// Seed of the memo keys of stubs.
 const STUB_SEED: u64 = 0x7374_7562_0000_0001;
 
-/// Everything a stub depends on: the call, the result, the cap and the encoding.
-fn stub_key(call: Option<&ToolCall>, text: &str, max_tokens: usize, cx: &StageCx<'_>) -> u64 {
+/// The user messages met so far, hashed one after the other: what a stub's task words come from.
+#[derive(Default)]
+struct AskedSoFar {
+    read: usize,
+    hash: u64,
+}
+
+impl AskedSoFar {
+    /// The hash of the user messages in `before`, reading only those not read yet.
+    fn hash(&mut self, before: &[Message]) -> u64 {
+        for message in before.iter().skip(self.read) {
+            if message.role == Role::User
+                && let Some(content) = message.content.get()
+            {
+                self.hash = FixedState::with_seed(STUB_SEED).hash_one((self.hash, content.text()));
+            }
+        }
+        self.read = self.read.max(before.len());
+        self.hash
+    }
+}
+
+/// Everything a stub depends on: the call, the result, the cap, what the user asked before it
+/// and the encoding.
+fn stub_key(
+    call: Option<&ToolCall>,
+    text: &str,
+    max_tokens: usize,
+    asked: u64,
+    cx: &StageCx<'_>,
+) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     let mut hasher = foldhash::quality::FixedState::with_seed(STUB_SEED).build_hasher();
     cx.counter.encoding().hash(&mut hasher);
     max_tokens.hash(&mut hasher);
+    asked.hash(&mut hasher);
     call.map(|c| (&c.function.name, &c.function.arguments))
         .hash(&mut hasher);
     text.hash(&mut hasher);
@@ -348,10 +385,13 @@ fn stub_key(call: Option<&ToolCall>, text: &str, max_tokens: usize, cx: &StageCx
 /// What a cleared result leaves behind: the call, and the identifiers the result held with
 /// their labels, within `max_tokens`:
 /// `[get_order_details(order_id: #W1) result cleared; it held: status: …, items: [item_id: 6117189161, price: 481.5]]`.
-pub fn stub(
+/// Where that is too long, listings of names keep first those the task's words say; then the
+/// start is kept, cut between two values. A stub that left something out ends with ` …`.
+fn stub(
     call: Option<&ToolCall>,
     text: &str,
     max_tokens: usize,
+    task: &TaskWords,
     counter: &TokenCounter,
 ) -> String {
     let label = call.map_or_else(
@@ -386,27 +426,43 @@ pub fn stub(
             cut_at_whitespace(first_line, STUB_CHARS)
         );
     }
-    let mut out = format!("[{label} result cleared; it held: {held}]");
-    if counter.text(&out) > max_tokens {
-        // Cut between two values, keeping the start (bytes per token from the whole).
-        let ratio = out.len() as f64 / counter.text(&out).max(1) as f64;
-        let mut limit = (max_tokens as f64 * ratio) as usize;
-        loop {
-            let cut = held
-                .char_indices()
-                .rev()
-                .filter(|&(i, c)| i <= limit && matches!(c, ',' | ';'))
-                .map(|(i, _)| i)
-                .next()
-                .unwrap_or(0);
-            out = format!("[{label} result cleared; it held: {} …]", &held[..cut]);
-            if cut == 0 || counter.text(&out) <= max_tokens {
-                break;
+    let out = format!("[{label} result cleared; it held: {held}]");
+    if counter.text(&out) <= max_tokens {
+        return out;
+    }
+    let mut held = held;
+    if let Payload::Tree(value) = &content {
+        for cut in listing::cut_to_task(value, task) {
+            held = render_labelled_once(&cut, &|_| false);
+            let out = format!("[{label} result cleared; it held: {held} …]");
+            if counter.text(&out) <= max_tokens {
+                return out;
             }
-            limit = cut * 9 / 10;
         }
     }
-    out
+    cut_to_fit(&label, &held, max_tokens, counter)
+}
+
+/// The stub with `held` cut between two values, keeping the start (bytes per token from the
+/// whole).
+fn cut_to_fit(label: &str, held: &str, max_tokens: usize, counter: &TokenCounter) -> String {
+    let mut out = format!("[{label} result cleared; it held: {held}]");
+    let ratio = out.len() as f64 / counter.text(&out).max(1) as f64;
+    let mut limit = (max_tokens as f64 * ratio) as usize;
+    loop {
+        let cut = held
+            .char_indices()
+            .rev()
+            .filter(|&(i, c)| i <= limit && matches!(c, ',' | ';'))
+            .map(|(i, _)| i)
+            .next()
+            .unwrap_or(0);
+        out = format!("[{label} result cleared; it held: {} …]", &held[..cut]);
+        if cut == 0 || counter.text(&out) <= max_tokens {
+            return out;
+        }
+        limit = cut * 9 / 10;
+    }
 }
 
 /// A stub that ends naming the handle of its original: `[…; recall rc-…]`.
@@ -829,11 +885,11 @@ mod tests {
         let call = call("get_order_details", r##"{"order_id": "#W9348897"}"##);
         let result = r##"{"order_id": "#W9348897", "status": "pending", "items": [{"name": "Action Camera", "item_id": "6117189161", "price": 481.5, "color": "silver"}, {"name": "Desk Lamp", "item_id": "7453605304", "price": 150.01, "color": "silver"}], "payment_method_id": "credit_card_8853416"}"##;
         assert_eq!(
-            stub(Some(&call), result, 200, &counter),
+            stub(Some(&call), result, 200, &TaskWords::default(), &counter),
             "[get_order_details(order_id: #W9348897) result cleared; it held: order_id: #W9348897, items: [name: Action Camera, item_id: 6117189161, price: 481.5; name: Desk Lamp, item_id: 7453605304, price: 150.01], payment_method_id: credit_card_8853416]"
         );
         // Bounded: cut between two values.
-        let short = stub(Some(&call), result, 30, &counter);
+        let short = stub(Some(&call), result, 30, &TaskWords::default(), &counter);
         assert!(counter.text(&short) <= 30, "{short}");
         assert!(
             short.ends_with(" …]") && short.contains("order_id: #W9348897"),
@@ -841,12 +897,50 @@ mod tests {
         );
         // Text results list their identifiers; a result without any keeps its first line.
         assert_eq!(
-            stub(None, "Booked HAT045 for 2024-05-01\nok", 200, &counter),
+            stub(
+                None,
+                "Booked HAT045 for 2024-05-01\nok",
+                200,
+                &TaskWords::default(),
+                &counter
+            ),
             "[Previous result cleared; it held: HAT045, 2024-05-01]"
         );
         assert_eq!(
-            stub(None, "{\n  \"done\": true\n}", 200, &counter),
+            stub(
+                None,
+                "{\n  \"done\": true\n}",
+                200,
+                &TaskWords::default(),
+                &counter
+            ),
             "[Previous result cleared: \"done\": true]"
+        );
+    }
+
+    #[test]
+    fn a_catalog_too_long_for_its_stub_keeps_the_names_the_task_says() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let call = call("get_category_actions", r#"{"category_names": ["PULLS"]}"#);
+        let filler = (0..120).map(|i| format!("list_hooks_{}", "abcdefghij".repeat(i % 3 + 1)));
+        let mut names: Vec<String> = filler.collect();
+        names.insert(90, "submit_review".to_owned());
+        let result = json!({"category_actions": {"PULLS": names}}).to_string();
+        let messages = [Message::text(
+            Role::User,
+            "Open the pull request and submit a review",
+        )];
+        let task = TaskWords::of(&messages, Some(&call));
+        let stub = stub(Some(&call), &result, 60, &task, &counter);
+        assert_eq!(
+            stub,
+            "[get_category_actions(category_names: [PULLS]) result cleared; it held: category_actions: {PULLS: [submit_review]} …]"
+        );
+        // Without the task, the start is kept and the name is gone.
+        let blind = super::stub(Some(&call), &result, 60, &TaskWords::default(), &counter);
+        assert!(
+            !blind.contains("submit_review") && blind.ends_with(" …]"),
+            "{blind}"
         );
     }
 }
@@ -1016,7 +1110,13 @@ mod working_set_tests {
             json!({"id": "q", "type": "function", "function": {"name": "execute_sql", "arguments": "{}"}}),
         )
         .unwrap();
-        let text = stub(Some(&call), &wrapped_rows(3), 200, &counter);
+        let text = stub(
+            Some(&call),
+            &wrapped_rows(3),
+            200,
+            &TaskWords::default(),
+            &counter,
+        );
         assert!(text.contains("tenure_years: 20.0"), "{text}");
         assert!(text.contains("Dept 2") && text.contains("22.2"), "{text}");
     }
