@@ -27,7 +27,7 @@ const HANDLE_SEED: u64 = 0x7265_6361_6c6c_0001;
 /// The recall tool, as it is offered: one definition, byte-stable.
 static TOOL: LazyLock<Option<Tool>> = LazyLock::new(|| {
     serde_json::from_str(
-        r#"{"type":"function","function":{"name":"ctxproxy_recall","description":"Whole original of a shortened tool result, by its handle (rc-…).","parameters":{"type":"object","properties":{"handle":{"type":"string"}}}}}"#,
+        r#"{"type":"function","function":{"name":"ctxproxy_recall","description":"Original of a shortened result","parameters":{"type":"object","properties":{"handle":{"type":"string"}}}}}"#,
     )
     .ok()
 });
