@@ -127,8 +127,8 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
                 let items = input.take().unwrap_or_default();
                 input_field(converted, value, items)
             }
-            "tools" => match tools_value(converted, rewritten) {
-                Some(tools) => Field::Value(Cow::Owned(tools)),
+            "tools" => match tools_field(converted, rewritten) {
+                Some(tools) => tools,
                 None => continue,
             },
             "tool_choice" => match tool_choice_value(converted, rewritten) {
@@ -148,9 +148,9 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
         body.push(("input", Field::Items(items)));
     }
     if !converted.body.contains_key("tools")
-        && let Some(tools) = tools_value(converted, rewritten)
+        && let Some(tools) = tools_field(converted, rewritten)
     {
-        body.push(("tools", Field::Value(Cow::Owned(tools))));
+        body.push(("tools", tools));
     }
     body
 }
@@ -290,25 +290,73 @@ fn input_field<'a>(
     Field::Items(input)
 }
 
-/// `tools` as sent: each tool the client's JSON when unchanged, else in the flat shape; `None`
-/// when the rewrite sends none.
-fn tools_value(converted: &Converted, rewritten: &ChatRequest) -> Option<Value> {
+/// `tools` as sent: each tool the client's JSON (borrowed) when unchanged, else in the flat
+/// shape; `None` when the rewrite sends none.
+fn tools_field<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Option<Field<'a>> {
     let tools = match &rewritten.tools {
         Nullable::Value(tools) if !tools.is_empty() => tools,
         Nullable::Value(_) | Nullable::Absent => return None,
-        Nullable::Null => return Some(Value::Null),
+        Nullable::Null => return Some(Field::Value(Cow::Owned(Value::Null))),
+    };
+    let client: &[Value] = match converted.body.get("tools") {
+        Some(Value::Array(client)) => client,
+        _ => &[],
     };
     let flat = tools
         .iter()
-        .map(|tool| {
-            converted
-                .tools
-                .iter()
-                .find(|(original, _)| original == tool)
-                .map_or_else(|| flat_tool(tool), |(_, json)| json.clone())
-        })
+        .map(
+            |tool| match client.iter().find(|json| is_client_tool(tool, json)) {
+                Some(json) => Cow::Borrowed(json),
+                None => Cow::Owned(flat_tool(tool)),
+            },
+        )
         .collect();
-    Some(Value::Array(flat))
+    Some(Field::Items(flat))
+}
+
+/// Whether `tool` is what the client's `json` reads as (`to_chat`'s tools): the same type, name,
+/// description, parameters and other fields.
+fn is_client_tool(tool: &Tool, json: &Value) -> bool {
+    let Some(json) = json.as_object() else {
+        return false;
+    };
+    if json.get("type").and_then(Value::as_str) != Some(tool.kind.as_str()) {
+        return false;
+    }
+    let Some(function) = &tool.function else {
+        return json.len() == 1 + tool.extra.len()
+            && tool.extra.iter().all(|(k, v)| json.get(k) == Some(v));
+    };
+    json.get("name").and_then(Value::as_str) == Some(function.name.as_str())
+        && same_field(
+            json.get("description"),
+            &function.description,
+            |theirs, ours| theirs.as_str() == Some(ours.as_str()),
+        )
+        && same_field(
+            json.get("parameters"),
+            &function.parameters,
+            |theirs, ours| theirs == ours,
+        )
+        && tool.extra.is_empty()
+        && json.len()
+            == 2 + usize::from(!function.description.is_absent())
+                + usize::from(!function.parameters.is_absent())
+                + function.extra.len()
+        && function.extra.iter().all(|(k, v)| json.get(k) == Some(v))
+}
+
+/// A field of the client's JSON and what it was read as: both absent, both null, or equal.
+fn same_field<T>(
+    json: Option<&Value>,
+    ours: &Nullable<T>,
+    eq: impl Fn(&Value, &T) -> bool,
+) -> bool {
+    match (json, ours) {
+        (None, Nullable::Absent) | (Some(Value::Null), Nullable::Null) => true,
+        (Some(theirs), Nullable::Value(ours)) => eq(theirs, ours),
+        _ => false,
+    }
 }
 
 fn flat_tool(tool: &Tool) -> Value {

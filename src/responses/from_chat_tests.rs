@@ -421,3 +421,32 @@ fn a_body_without_input_gets_none_added() {
     assert!(!back.contains_key("input"), "{back:?}");
     assert_eq!(back["instructions"], "Be brief. Really.");
 }
+
+#[test]
+fn a_kept_tool_goes_as_the_client_wrote_it_and_a_changed_one_does_not() {
+    let mut client = agent();
+    client["tools"] = json!([
+        {"strict": false, "parameters": {"type": "object"}, "name": "a", "type": "function", "description": null},
+        {"type": "function", "name": "b", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}},
+        {"type": "file_search", "vector_store_ids": ["vs_1"]}
+    ]);
+    let (chat, converted) = to_chat(body(client.clone())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages[0] = Message::text(Role::System, "changed");
+    let back = from_chat(&converted, &rewritten);
+    assert_eq!(
+        serde_json::to_string(&back["tools"]).unwrap(),
+        serde_json::to_string(&client["tools"]).unwrap()
+    );
+    if let Nullable::Value(tools) = &mut rewritten.tools
+        && let Some(function) = tools[1].function.as_mut()
+    {
+        function.parameters = Nullable::Value(json!({"type": "object", "properties": {}}));
+    }
+    let back = from_chat(&converted, &rewritten);
+    assert_eq!(back["tools"][0], client["tools"][0]);
+    assert_eq!(
+        back["tools"][1],
+        json!({"type": "function", "name": "b", "parameters": {"type": "object", "properties": {}}})
+    );
+}

@@ -36,8 +36,6 @@ pub struct Converted {
     pub(super) trailing: Vec<Value>,
     /// Whether `chat.messages[0]` is `instructions`.
     pub(super) instructions: bool,
-    /// Each tool of `chat` as converted, with the client's JSON of it.
-    pub(super) tools: Vec<(Tool, Value)>,
     /// `tool_choice` as converted, with the client's JSON of it.
     pub(super) tool_choice: Option<(Value, Value)>,
     /// Items left out because a later `compaction` item stands for them.
@@ -274,7 +272,7 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         },
         stream_options: Nullable::Absent,
         tools: if body.contains_key("tools") {
-            Nullable::Value(tools.iter().map(|(tool, _)| tool.clone()).collect())
+            Nullable::Value(tools)
         } else {
             Nullable::Absent
         },
@@ -291,7 +289,6 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         units,
         trailing,
         instructions,
-        tools,
         tool_choice,
         compacted_items,
     };
@@ -571,7 +568,9 @@ fn output_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError
 
 /// Flat function tools (`{"type":"function","name",…}`) as chat tools; every other tool (hosted,
 /// custom, MCP) kept whole, which the tools stage never stubs or removes.
-fn tools_of(body: &ResponsesBody) -> Result<Vec<(Tool, Value)>, ProxyError> {
+/// The function tools read as chat's (the client's JSON of each stays in the body, for
+/// [`super::from_chat`] to send a kept tool as it was).
+fn tools_of(body: &ResponsesBody) -> Result<Vec<Tool>, ProxyError> {
     let tools = match body.get("tools") {
         Some(Value::Array(tools)) => tools,
         None | Some(Value::Null) => return Ok(Vec::new()),
@@ -627,7 +626,7 @@ fn tools_of(body: &ResponsesBody) -> Result<Vec<(Tool, Value)>, ProxyError> {
                     extra: rest,
                 }
             };
-            Ok((converted, tool.clone()))
+            Ok(converted)
         })
         .collect()
 }
