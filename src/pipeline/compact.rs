@@ -9,16 +9,17 @@ use std::hash::BuildHasher;
 
 use foldhash::quality::FixedState;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::Memo;
+use super::config::PipelineConfig;
 use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
+use super::memo::Memo;
 use super::payload::{self, Payload};
 use super::recall;
-use super::report::{CompactDetails, StageDetails, StageName};
+use super::stage::{Params, Stage, StageCx, StageName, StageOutput};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
-use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
 use crate::tokens::TokenCounter;
 
@@ -28,6 +29,17 @@ mod table;
 use listing::TaskWords;
 use table::tabulated;
 
+/// `compact`: tool results cleared to a stub, or compacted as JSON or as text.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct CompactDetails {
+    pub cleared: usize,
+    pub json_compacted: usize,
+    pub text_compacted: usize,
+    /// The handles that the results cleared or cut name (`ctxproxy_recall`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handles: Vec<String>,
+}
+
 pub struct CompactStage;
 
 /// Characters of the first line kept in the stub of an old result.
@@ -36,15 +48,17 @@ const STUB_CHARS: usize = 100;
 const MAX_OMITTED_IDS: usize = 20;
 
 impl Stage for CompactStage {
+    type Details = CompactDetails;
+
     fn name(&self) -> StageName {
         StageName::Compact
     }
 
-    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+    fn enabled(&self, config: &PipelineConfig) -> bool {
         config.compact.enabled
     }
 
-    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput<CompactDetails> {
         let results: Vec<usize> = request
             .messages
             .iter()
@@ -162,12 +176,12 @@ impl Stage for CompactStage {
         StageOutput {
             messages,
             tools: None,
-            details: StageDetails::Compact(CompactDetails {
+            details: CompactDetails {
                 cleared,
                 json_compacted,
                 text_compacted,
                 handles,
-            }),
+            },
         }
     }
 }
@@ -185,7 +199,7 @@ pub(super) enum Form {
 /// `None` when it is sent as it is.
 pub(super) fn working_set_result(
     text: &str,
-    config: &super::PipelineConfig,
+    config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Option<(String, Form)> {
@@ -213,11 +227,7 @@ impl crate::bounded::Weigh for WorkingSetForm {
     }
 }
 
-fn lossless(
-    text: &str,
-    config: &super::PipelineConfig,
-    counter: &TokenCounter,
-) -> Option<(String, Form)> {
+fn lossless(text: &str, config: &PipelineConfig, counter: &TokenCounter) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
         return minified(text).map(|json| (json, Form::Json));
@@ -271,7 +281,7 @@ fn minified(text: &str) -> Option<String> {
 /// anything else as the client sent it.
 pub(super) fn appended(
     message: &Message,
-    config: &super::PipelineConfig,
+    config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Option<Message> {
@@ -514,7 +524,7 @@ fn compact_json_to_fit(
     value: &Value,
     keep: &HashSet<&str>,
     max_tokens: usize,
-    params: &super::Params,
+    params: &Params,
     counter: &TokenCounter,
 ) -> String {
     let mut rules = Rules {
