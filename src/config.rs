@@ -12,14 +12,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::MemoryConfig;
-use crate::cache::CacheConfig;
+use crate::bounded::config::MemoryConfig;
+use crate::cache::config::CacheConfig;
 use crate::glob::glob_match;
-use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
-use crate::pipeline::PipelineConfig;
-use crate::pipeline::config::{Definitions, ToolsConfig};
-use crate::record::RecordConfig;
-use crate::store::StoreConfig;
+use crate::guards::config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
+use crate::pipeline::config::{Definitions, PipelineConfig, ToolsConfig};
+use crate::record::config::RecordConfig;
+use crate::store::config::StoreConfig;
 use crate::tokens::Encoding;
 
 const ENV_PREFIX: &str = "CTXPROXY_";
@@ -349,6 +348,21 @@ impl Config {
             .find(|route| route.patterns.iter().any(|p| glob_match(p, model)))
             .map(|route| route.upstream)
             .or(self.default_upstream)
+    }
+
+    /// The model names and patterns the config names (its routes', then its prices'): the
+    /// `model` labels a request may get.
+    pub fn model_names(&self) -> impl Iterator<Item = &str> {
+        self.routes
+            .iter()
+            .flat_map(|r| r.patterns.iter())
+            .chain(self.prices.keys())
+            .map(String::as_str)
+    }
+
+    /// The names of the upstreams, in order.
+    pub fn upstream_names(&self) -> Vec<&str> {
+        self.upstreams.iter().map(|u| u.name.as_str()).collect()
     }
 
     /// The encodings the configured routes count with: each upstream's forced one, else that
