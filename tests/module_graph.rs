@@ -443,27 +443,26 @@ fn absolute(
     modules: &BTreeMap<ModPath, usize>,
 ) -> Option<ModPath> {
     let first = segments.first()?;
-    let mut base: ModPath = within.to_vec();
-    let rest: &[String];
     if binary {
         if first != "ctxproxy" {
             return None;
         }
         return Some(segments[1..].to_vec());
     }
-    match first.as_str() {
+    let mut base: ModPath = within.to_vec();
+    let rest: &[String] = match first.as_str() {
         "crate" => {
             base.clear();
-            rest = &segments[1..];
+            &segments[1..]
         }
-        "self" => rest = &segments[1..],
+        "self" => &segments[1..],
         "super" => {
             let mut k = 0;
             while segments.get(k).is_some_and(|s| s == "super") {
                 base.pop()?;
                 k += 1;
             }
-            rest = &segments[k..];
+            &segments[k..]
         }
         _ => {
             let mut child = base.clone();
@@ -471,9 +470,9 @@ fn absolute(
             if !modules.contains_key(&child) {
                 return None;
             }
-            rest = segments;
+            segments
         }
-    }
+    };
     base.extend(rest.iter().filter(|s| *s != "self").cloned());
     Some(base)
 }
