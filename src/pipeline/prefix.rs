@@ -22,6 +22,7 @@ use foldhash::quality::FixedState;
 use serde::{Deserialize, Serialize};
 
 use super::compact;
+use super::recall;
 use super::stage::StageName;
 use super::tools::append::{
     definitions_from, previous_turn_categories, sends_block_whole, without_tools,
@@ -85,6 +86,16 @@ pub struct PrefixReport {
 pub struct AppendDetails {
     pub appended: usize,
     pub compacted: usize,
+}
+
+/// What the recall pairs put back read of it (`recall::replay`).
+impl From<&PrefixReport> for recall::Appended {
+    fn from(report: &PrefixReport) -> recall::Appended {
+        recall::Appended {
+            anchor_messages: report.anchor_messages,
+            appended_messages: report.appended_messages,
+        }
+    }
 }
 
 /// One request of the conversation: its first `len` messages, and the hash of those and of

@@ -430,7 +430,7 @@ fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
 /// The conversation's recall pairs put back where their re-asks put them (`recall::replay`),
 /// counted in the tokens sent.
 fn put_back(rewrite: &mut Rewrite, client: &ChatRequest, recalls: &[Mark], counter: &TokenCounter) {
-    let prefix = rewrite.report.prefix.as_ref();
+    let prefix = rewrite.report.prefix.as_ref().map(Into::into);
     let sent = &mut rewrite.request.messages;
     let before = counter.messages(sent);
     if recall::replay(sent, &client.messages, prefix, recalls) > 0 {
