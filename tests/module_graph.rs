@@ -4,15 +4,18 @@
 //! module's name) is resolved to the file that defines the module it reaches, and a loop among
 //! files fails the test with the files and the imports that close it.
 //!
-//! A file's path to itself is not an edge (a `use super::*` in its inline `mod tests`), and
+//! A `#[cfg(test)]` module's paths are its own, not its file's: a test module imported by
+//! nothing can close no loop, whether it is inline or in a file of its own, so moving one out
+//! does not change the graph. A file's path to itself is not an edge (a `use super::*` in its inline `mod tests`), and
 //! neither is a parent's path into its own descendants: `mod child;`, `pub use child::T`,
 //! `child::run()`. A module is made of its children (a `mod.rs` declares, re-exports and
 //! assembles them, and a child sees its parent's items), so that loop is the module tree
 //! itself; what may not loop is the rest: a sibling or a cousin reached through `super::` or
 //! `crate::`, and a child reaching up into a parent that imports, outside its own subtree,
-//! something that imports the child. A path that names an item through a re-export reaches
-//! the file that re-exports it (`crate::store::StoreConfig` is `store/mod.rs`, however deep
-//! the type is defined): import a leaf by its own path to depend on the leaf alone. Paths outside the crate
+//! something that imports the child. A path that names an item through a `pub use` reaches
+//! both the re-exporting file and the file the item comes from (`crate::store::StoreConfig`
+//! is `store/mod.rs` and `store/config.rs`): a re-export hides no loop, and importing a leaf
+//! by its own path depends on the leaf alone. Paths outside the crate
 //! (`std::`, `serde::`) are not followed. The reading is lexical, not a compiler's: comments,
 //! strings and character literals are skipped, and a name is a module only where a file or an
 //! inline `mod name { … }` declares it.
@@ -266,22 +269,41 @@ fn load(src: &Path) -> Vec<SourceFile> {
     files
 }
 
-/// Every module and the file that defines it: file modules and the inline `mod name { … }`
-/// modules within them.
-fn module_map(files: &[SourceFile]) -> BTreeMap<ModPath, usize> {
-    let mut map = BTreeMap::new();
+/// The crate's modules and what they re-export.
+struct Crate {
+    /// Every module and the file that defines it: file modules and the inline
+    /// `mod name { … }` modules within them.
+    modules: BTreeMap<ModPath, usize>,
+    /// An item's path as a `pub use` makes it (the module's path and the name), and the path
+    /// it names there (read from that module).
+    reexports: BTreeMap<ModPath, (ModPath, Vec<String>)>,
+}
+
+fn crate_of(files: &[SourceFile]) -> Crate {
+    let mut modules = BTreeMap::new();
+    let mut reexports = BTreeMap::new();
     for (index, file) in files.iter().enumerate() {
         if file.binary {
             continue;
         }
-        map.insert(file.module.clone(), index);
-        walk(file, &mut |event| {
-            if let Event::InlineModule(path) = event {
-                map.insert(path, index);
+        modules.insert(file.module.clone(), index);
+        walk(file, &mut |event| match event {
+            Event::InlineModule(path) => {
+                modules.insert(path, index);
             }
+            Event::Path {
+                within,
+                segments,
+                exported: Some(name),
+            } => {
+                let mut item = within.clone();
+                item.push(name);
+                reexports.insert(item, (within, segments));
+            }
+            Event::Path { .. } => {}
         });
     }
-    map
+    Crate { modules, reexports }
 }
 
 enum Event {
@@ -290,6 +312,8 @@ enum Event {
     Path {
         within: ModPath,
         segments: Vec<String>,
+        /// In a `pub use`: the name it gives the item (its last segment, or its alias).
+        exported: Option<String>,
     },
 }
 
@@ -298,19 +322,20 @@ enum Event {
 fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
     let tokens = &file.tokens;
     let mut depth = 0usize;
-    // (module name, the brace depth inside it)
-    let mut inline: Vec<(String, usize)> = Vec::new();
-    let within = |inline: &[(String, usize)]| {
+    // (module name, the brace depth inside it, a `#[cfg(test)]` module)
+    let mut inline: Vec<(String, usize, bool)> = Vec::new();
+    let within = |inline: &[(String, usize, bool)]| {
         let mut m = file.module.clone();
-        m.extend(inline.iter().map(|(name, _)| name.clone()));
+        m.extend(inline.iter().map(|(name, _, _)| name.clone()));
         m
     };
+    let in_test = |inline: &[(String, usize, bool)]| inline.iter().any(|(_, _, test)| *test);
     let mut i = 0;
     while i < tokens.len() {
         match &tokens[i] {
             Token::Punct('{') => depth += 1,
             Token::Punct('}') => {
-                if inline.last().is_some_and(|(_, d)| *d == depth) {
+                if inline.last().is_some_and(|(_, d, _)| *d == depth) {
                     inline.pop();
                 }
                 depth = depth.saturating_sub(1);
@@ -320,7 +345,7 @@ fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
                     (tokens.get(i + 1), tokens.get(i + 2))
                 {
                     depth += 1;
-                    inline.push((name.clone(), depth));
+                    inline.push((name.clone(), depth, is_cfg_test(&tokens[..i])));
                     on(Event::InlineModule(within(&inline)));
                     i += 3;
                     continue;
@@ -332,10 +357,12 @@ fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
                     .unwrap_or(tokens.len());
                 let mut paths = Vec::new();
                 use_tree(&tokens[i + 1..end], &[], &mut paths);
-                for segments in paths {
+                let public = is_public(&tokens[..i]);
+                for (segments, name) in paths.into_iter().filter(|_| !in_test(&inline)) {
                     on(Event::Path {
                         within: within(&inline),
                         segments,
+                        exported: name.filter(|_| public),
                     });
                 }
                 i = end + 1;
@@ -343,7 +370,10 @@ fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
             }
             Token::Ident(word) => {
                 let after_separator = i > 0 && tokens[i - 1] == Token::PathSep;
-                if !after_separator && tokens.get(i + 1) == Some(&Token::PathSep) {
+                if !after_separator
+                    && tokens.get(i + 1) == Some(&Token::PathSep)
+                    && !in_test(&inline)
+                {
                     let mut segments = vec![word.clone()];
                     let mut k = i + 1;
                     while tokens.get(k) == Some(&Token::PathSep) {
@@ -356,6 +386,7 @@ fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
                     on(Event::Path {
                         within: within(&inline),
                         segments,
+                        exported: None,
                     });
                     i = k;
                     continue;
@@ -367,18 +398,67 @@ fn walk(file: &SourceFile, on: &mut dyn FnMut(Event)) {
     }
 }
 
-/// The paths a `use` tree names (`a::{b, c::{d, self}}` → `a::b`, `a::c::d`, `a::c`).
-fn use_tree(tokens: &[Token], prefix: &[String], out: &mut Vec<Vec<String>>) {
+/// Whether the item after `before` is under `#[cfg(test)]` (other attributes may follow it).
+fn is_cfg_test(before: &[Token]) -> bool {
+    let mut end = before.len();
+    // Attributes between `#[cfg(test)]` and the item: `#[path = …]`, `#[expect(…)]`.
+    while end > 0 && before[end - 1] == Token::Punct(']') {
+        let Some(open) = before[..end].iter().rposition(|t| *t == Token::Punct('#')) else {
+            return false;
+        };
+        let cfg_test = [
+            Token::Punct('#'),
+            Token::Punct('['),
+            Token::Ident("cfg".into()),
+            Token::Punct('('),
+            Token::Ident("test".into()),
+            Token::Punct(')'),
+            Token::Punct(']'),
+        ];
+        if before[open..end] == cfg_test {
+            return true;
+        }
+        end = open;
+    }
+    false
+}
+
+/// Whether the `use` after `before` is public (`pub use`, `pub(crate) use`).
+fn is_public(before: &[Token]) -> bool {
+    match before {
+        [.., Token::Ident(word)] => word == "pub",
+        [
+            ..,
+            Token::Ident(word),
+            Token::Punct('('),
+            _,
+            Token::Punct(')'),
+        ] => word == "pub",
+        _ => false,
+    }
+}
+
+/// The paths a `use` tree names (`a::{b, c::{d, self}}` → `a::b`, `a::c::d`, `a::c`), each
+/// with the name it brings in (`None` for a glob).
+fn use_tree(tokens: &[Token], prefix: &[String], out: &mut Vec<(Vec<String>, Option<String>)>) {
     for group in split_top_level(tokens) {
         let mut segments = prefix.to_vec();
         let mut nested = false;
+        let mut name = None;
         let mut i = 0;
         while i < group.len() {
             match &group[i] {
-                // An alias or a glob ends the path: the alias names nothing to resolve, and a
-                // glob reaches the module itself.
-                Token::Ident(word) if word == "as" => break,
-                Token::Punct('*') => break,
+                // An alias or a glob ends the path: a glob reaches the module itself.
+                Token::Ident(word) if word == "as" => {
+                    if let Some(Token::Ident(alias)) = group.get(i + 1) {
+                        name = Some(alias.clone());
+                    }
+                    break;
+                }
+                Token::Punct('*') => {
+                    name = Some(String::new());
+                    break;
+                }
                 // `a::{self}` is the module `a`; a leading `self::` is kept to resolve.
                 Token::Ident(word) if word == "self" && !segments.is_empty() => {}
                 Token::Ident(word) => segments.push(word.clone()),
@@ -393,7 +473,12 @@ fn use_tree(tokens: &[Token], prefix: &[String], out: &mut Vec<Vec<String>>) {
             i += 1;
         }
         if !nested && !segments.is_empty() {
-            out.push(segments);
+            let name = match name {
+                Some(glob) if glob.is_empty() => None,
+                Some(alias) => Some(alias),
+                None => segments.last().cloned(),
+            };
+            out.push((segments, name));
         }
     }
 }
@@ -477,33 +562,61 @@ fn absolute(
     Some(base)
 }
 
-/// The file that defines the longest prefix of `path` that is a module.
-fn defining_file(path: &[String], modules: &BTreeMap<ModPath, usize>) -> Option<usize> {
-    (0..=path.len())
-        .rev()
-        .find_map(|k| modules.get(&path[..k]).copied())
+/// The files `path` reaches: the file of its longest prefix that is a module and, when the
+/// item after that prefix is a `pub use`, the files of what it re-exports, hop by hop (the
+/// importer depends on the re-exporting file and on the defining one).
+fn reached_files(path: &[String], krate: &Crate) -> Vec<usize> {
+    let mut path = path.to_vec();
+    let mut files = Vec::new();
+    // Bounded: a re-export that names itself ends the walk.
+    for _ in 0..16 {
+        let Some(k) = (0..=path.len())
+            .rev()
+            .find(|&k| krate.modules.contains_key(&path[..k]))
+        else {
+            break;
+        };
+        files.extend(krate.modules.get(&path[..k]).copied());
+        if k == path.len() {
+            break;
+        }
+        let Some((within, segments)) = krate.reexports.get(&path[..=k]) else {
+            break;
+        };
+        let Some(mut target) = absolute(within, segments, false, &krate.modules) else {
+            break;
+        };
+        target.extend_from_slice(&path[k + 1..]);
+        if target == path {
+            break;
+        }
+        path = target;
+    }
+    files
 }
 
 /// Edges between files, each with the first path that draws it.
 fn graph(files: &[SourceFile]) -> BTreeMap<(usize, usize), String> {
-    let modules = module_map(files);
+    let krate = crate_of(files);
     let mut edges = BTreeMap::new();
     for (index, file) in files.iter().enumerate() {
         walk(file, &mut |event| {
-            let Event::Path { within, segments } = event else {
+            let Event::Path {
+                within, segments, ..
+            } = event
+            else {
                 return;
             };
-            let Some(path) = absolute(&within, &segments, file.binary, &modules) else {
+            let Some(path) = absolute(&within, &segments, file.binary, &krate.modules) else {
                 return;
             };
-            let Some(target) = defining_file(&path, &modules) else {
-                return;
-            };
-            let descendant = files[target].module.starts_with(&files[index].module);
-            if target != index && !descendant {
-                edges
-                    .entry((index, target))
-                    .or_insert_with(|| segments.join("::"));
+            for target in reached_files(&path, &krate) {
+                let descendant = files[target].module.starts_with(&files[index].module);
+                if target != index && !descendant {
+                    edges
+                        .entry((index, target))
+                        .or_insert_with(|| segments.join("::"));
+                }
             }
         });
     }
@@ -682,7 +795,7 @@ mod reader {
                 // crate::lib_only::Nothing
                 const S: &str = "super::c::Q"; const R: &str = r#"crate::c"#;
                 fn f<'a>(x: &'a str) -> char { let _ = 'c'; '\'' }
-                #[cfg(test)] mod tests { use super::*; }"#,
+                #[cfg(test)] mod tests { use super::*; use crate::c::Test; }"#,
                 "##,
             ),
             file("b.rs", &["b"], "fn g() { super::c::h(); }"),
@@ -735,6 +848,45 @@ mod reader {
         assert_eq!(
             edge_names(&files),
             vec![("p/q.rs".to_owned(), "p/mod.rs".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_re_export_reaches_the_re_exporting_file_and_the_defining_one() {
+        let files = vec![
+            file("lib.rs", &[], "mod p; mod s;"),
+            file(
+                "p/mod.rs",
+                &["p"],
+                "mod q; pub use q::T; pub(crate) use self::q::U as V;",
+            ),
+            file("p/q.rs", &["p", "q"], "fn f() { crate::s::g(); }"),
+            file("s.rs", &["s"], "use crate::p::{T, V};"),
+        ];
+        assert_eq!(
+            edge_names(&files),
+            vec![
+                ("p/q.rs".to_owned(), "s.rs".to_owned()),
+                ("s.rs".to_owned(), "p/mod.rs".to_owned()),
+                ("s.rs".to_owned(), "p/q.rs".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_test_module_imports_for_itself_not_for_its_file() {
+        let files = vec![
+            file("lib.rs", &[], "mod a; mod b;"),
+            file("a.rs", &["a"], "use crate::b::X;"),
+            file(
+                "b.rs",
+                &["b"],
+                "pub struct X; #[cfg(test)] #[expect(dead_code)] mod tests { use crate::a::Y; }",
+            ),
+        ];
+        assert_eq!(
+            edge_names(&files),
+            vec![("a.rs".to_owned(), "b.rs".to_owned())]
         );
     }
 
