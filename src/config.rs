@@ -4,7 +4,6 @@
 //! Every error names the offending key, so `check-config` and `serve` can say what to fix.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,15 +11,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::MemoryConfig;
-use crate::cache::CacheConfig;
+use crate::bounded::config::MemoryConfig;
+use crate::cache::config::CacheConfig;
 use crate::glob::glob_match;
-use crate::guards::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
-use crate::pipeline::PipelineConfig;
-use crate::pipeline::config::{Definitions, ToolsConfig};
-use crate::record::RecordConfig;
-use crate::store::StoreConfig;
+use crate::guards::config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};
+use crate::pipeline::config::{PipelineConfig, ToolsConfig};
+use crate::record::config::RecordConfig;
+use crate::store::config::StoreConfig;
 use crate::tokens::Encoding;
+pub use crate::upstream::config::{RawRoute, RawUpstream, Route, Secret, UpstreamConfig};
 
 const ENV_PREFIX: &str = "CTXPROXY_";
 
@@ -141,73 +140,6 @@ impl Default for RawLog {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawUpstream {
-    pub base_url: String,
-    pub api_key_env: String,
-    pub connect_timeout_ms: u64,
-    pub first_byte_timeout_ms: u64,
-    pub total_timeout_ms: u64,
-    pub connect_retries: u32,
-    pub pool_idle_timeout_secs: u64,
-    pub pool_max_idle_per_host: usize,
-    /// `auto` (by model name), `o200k_base` or `cl100k_base`.
-    pub tokenizer: String,
-    /// Largest server-sent event accepted from an upstream stream (every upstream).
-    pub max_event_bytes: u64,
-    /// Where a tool needed later gets its full definition: `auto`, `in_place`, `in_block`.
-    pub tool_definitions: Definitions,
-}
-
-impl Default for RawUpstream {
-    fn default() -> Self {
-        RawUpstream {
-            base_url: "https://api.openai.com/v1".into(),
-            api_key_env: String::new(),
-            connect_timeout_ms: 5_000,
-            first_byte_timeout_ms: 120_000,
-            total_timeout_ms: 600_000,
-            connect_retries: 1,
-            pool_idle_timeout_secs: 90,
-            pool_max_idle_per_host: 256,
-            tool_definitions: Definitions::Auto,
-            tokenizer: "auto".into(),
-            max_event_bytes: 16 * 1024 * 1024,
-        }
-    }
-}
-
-/// A route: models (names or `*` globs) sent to another upstream. Timeouts default to
-/// `[upstream]`'s.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawRoute {
-    pub name: String,
-    pub models: Vec<String>,
-    pub base_url: String,
-    pub api_key_env: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connect_timeout_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_byte_timeout_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub total_timeout_ms: Option<u64>,
-    /// `auto` (by model name), `o200k_base` or `cl100k_base`; default `[upstream]`'s.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokenizer: Option<String>,
-    /// The agent guards of this route, each replacing the global table whole.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub continuation: Option<ContinuationConfig>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reinforcement: Option<ReinforcementConfig>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub action_check: Option<ActionCheckConfig>,
-    /// Where a tool needed later gets its definition; default `[upstream]`'s.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_definitions: Option<Definitions>,
-}
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawAuth {
@@ -228,32 +160,6 @@ pub struct RawAuthKey {
 // ---------------------------------------------------------------------------------------------
 // Validated config.
 // ---------------------------------------------------------------------------------------------
-
-/// A value that must never be printed: `Debug` and `Display` show `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -310,37 +216,6 @@ pub struct LogConfig {
     pub level: String,
 }
 
-#[derive(Debug, Clone)]
-pub struct UpstreamConfig {
-    /// `default` for `[upstream]`, else the route's name.
-    pub name: String,
-    /// Without a trailing slash, e.g. `https://api.openai.com/v1`.
-    pub base_url: String,
-    pub api_key: Option<Secret>,
-    pub api_key_env: String,
-    pub connect_timeout: Duration,
-    pub first_byte_timeout: Duration,
-    pub total_timeout: Duration,
-    pub connect_retries: u32,
-    pub pool_idle_timeout: Duration,
-    pub pool_max_idle_per_host: usize,
-    /// A stream event larger than this is not relayed: the stream is cut with an error event.
-    pub max_event_bytes: usize,
-    /// `None`: chosen by model name.
-    pub tokenizer: Option<Encoding>,
-    /// Continuation, reinforcement and the action check for requests to this upstream.
-    pub guards: Guards,
-    /// The pipeline's config for requests to this upstream: `[pipeline]` and `[tools]`, with
-    /// the upstream's `tool_definitions` resolved.
-    pub pipeline: Arc<PipelineConfig>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Route {
-    pub patterns: Vec<String>,
-    pub upstream: usize,
-}
-
 impl Config {
     /// The upstream for a model: the first route with a matching pattern, else `[upstream]`.
     pub fn upstream_for_model(&self, model: &str) -> Option<usize> {
@@ -349,6 +224,21 @@ impl Config {
             .find(|route| route.patterns.iter().any(|p| glob_match(p, model)))
             .map(|route| route.upstream)
             .or(self.default_upstream)
+    }
+
+    /// The model names and patterns the config names (its routes', then its prices'): the
+    /// `model` labels a request may get.
+    pub fn model_names(&self) -> impl Iterator<Item = &str> {
+        self.routes
+            .iter()
+            .flat_map(|r| r.patterns.iter())
+            .chain(self.prices.keys())
+            .map(String::as_str)
+    }
+
+    /// The names of the upstreams, in order.
+    pub fn upstream_names(&self) -> Vec<&str> {
+        self.upstreams.iter().map(|u| u.name.as_str()).collect()
     }
 
     /// The encodings the configured routes count with: each upstream's forced one, else that
@@ -936,190 +826,5 @@ mod redaction_tests {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn no_env() -> Vec<(String, String)> {
-        Vec::new()
-    }
-
-    #[test]
-    fn defaults_are_valid() {
-        let config = Config::from_toml("", no_env()).unwrap();
-        assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(config.upstreams[0].base_url, "https://api.openai.com/v1");
-        assert!(!config.auth_enabled());
-    }
-
-    #[test]
-    fn repo_config_file_is_valid_and_documents_every_key() {
-        let text = include_str!("../config.toml");
-        let config = Config::from_toml(text, no_env()).unwrap();
-        // Every key of the defaults appears in the documented file (commented or not).
-        let defaults = toml::to_string(&RawConfig::default()).unwrap();
-        for line in defaults.lines() {
-            if let Some((key, _)) = line.split_once(" = ") {
-                let documented =
-                    text.contains(&format!("{key} =")) || text.contains(&format!("[[{key}]]"));
-                assert!(documented, "config.toml lacks `{key}`");
-            }
-        }
-        assert!(config.default_upstream.is_some());
-    }
-
-    #[test]
-    fn the_vocabularies_loaded_at_start_are_those_of_the_routes() {
-        let config = Config::from_toml("", no_env()).unwrap();
-        assert_eq!(config.encodings(), [Encoding::O200kBase]);
-        let text = "[upstream]\nbase_url = \"\"\n\
-            [[routes]]\nname = \"old\"\nmodels = [\"gpt-4\", \"gpt-3.5-*\"]\nbase_url = \"http://h/v1\"\n\
-            [[routes]]\nname = \"local\"\nmodels = [\"llama-*\"]\nbase_url = \"http://l/v1\"\n\
-            tokenizer = \"cl100k_base\"\n";
-        let config = Config::from_toml(text, no_env()).unwrap();
-        assert_eq!(config.encodings(), [Encoding::Cl100kBase]);
-    }
-
-    #[test]
-    fn guards_are_global_and_a_route_replaces_them_whole() {
-        let text = "[continuation]\nenabled = true\nmax_attempts = 2\n\
-            [[routes]]\nname = \"local\"\nmodels = [\"llama-*\"]\nbase_url = \"http://127.0.0.1:9/v1\"\n\
-            [routes.continuation]\nmax_attempts = 5\n\
-            [routes.action_check]\nenabled = true\n";
-        let config = Config::from_toml(text, no_env()).unwrap();
-        let (global, route) = (&config.upstreams[0].guards, &config.upstreams[1].guards);
-        assert!(global.continuation.enabled && global.continuation.max_attempts == 2);
-        assert!(!global.action_check.enabled);
-        // The route's table replaces the global one: its `enabled` is the default (off).
-        assert!(!route.continuation.enabled && route.continuation.max_attempts == 5);
-        assert!(route.action_check.enabled && !route.reinforcement.enabled);
-        let invalid = |text: &str| match Config::from_toml(text, no_env()) {
-            Err(ConfigError::Invalid { key, .. }) => key,
-            other => panic!("expected an invalid key, got {other:?}"),
-        };
-        assert_eq!(
-            invalid("[continuation]\nenabled = true\nmax_attempts = 0\n"),
-            "continuation.max_attempts"
-        );
-        assert_eq!(
-            invalid(
-                "[[routes]]\nmodels = [\"x\"]\nbase_url = \"http://h/v1\"\n[routes.reinforcement]\nenabled = true\ntext = \" \"\n"
-            ),
-            "routes[0].reinforcement.text"
-        );
-    }
-
-    #[test]
-    fn typos_in_levels_and_inverted_thresholds_are_refused() {
-        let key_of = |text: &str| match Config::from_toml(text, no_env()) {
-            Err(ConfigError::Invalid { key, .. }) => key,
-            other => panic!("expected an invalid key, got {other:?}"),
-        };
-        assert_eq!(key_of("[log]\nlevel = \"infoo\"\n"), "log.level");
-        assert_eq!(
-            key_of("[pipeline.window]\ncontinuity_low = 0.5\ncontinuity_high = 0.2\n"),
-            "pipeline.window.continuity_low"
-        );
-        assert!(Config::from_toml("[log]\nlevel = \"debug,hyper=warn\"\n", no_env()).is_ok());
-    }
-
-    #[test]
-    fn env_overrides_values_with_types() {
-        let env = vec![
-            (
-                "CTXPROXY_UPSTREAM_BASE_URL".to_owned(),
-                "http://127.0.0.1:9000/v1".to_owned(),
-            ),
-            (
-                "CTXPROXY_SERVER_CONCURRENCY_LIMIT".to_owned(),
-                "7".to_owned(),
-            ),
-            ("PATH".to_owned(), "/bin".to_owned()),
-            (
-                "CTXPROXY_PIPELINE_BUDGET_MAX_TOKENS".to_owned(),
-                "3000".to_owned(),
-            ),
-            ("CTXPROXY_PIPELINE_MODE".to_owned(), "observe".to_owned()),
-        ];
-        let config = Config::from_toml("[server]\nconcurrency_limit = 3\n", env).unwrap();
-        assert_eq!(config.upstreams[0].base_url, "http://127.0.0.1:9000/v1");
-        assert_eq!(config.server.concurrency_limit, 7);
-        assert_eq!(config.pipeline.budget.max_tokens, 3000);
-        assert_eq!(config.pipeline.mode, crate::pipeline::Mode::Observe);
-    }
-
-    #[test]
-    fn errors_name_the_key() {
-        let cases = [
-            ("[server]\nlisten = \"nope\"", "server.listen"),
-            (
-                "[server]\nmax_body_bytes = \"big\"",
-                "server.max_body_bytes",
-            ),
-            ("[server]\nlistne = \"x\"", "listne"),
-            ("[upstream]\nbase_url = \"ftp://x\"", "upstream.base_url"),
-            (
-                "[[routes]]\nmodels = []\nbase_url = \"http://x\"",
-                "routes[0].models",
-            ),
-            (
-                "[[auth.keys]]\nsha256 = \"abc\"\ntenant = \"t\"",
-                "auth.keys[0].sha256",
-            ),
-            ("[log]\nformat = \"xml\"", "log.format"),
-            ("[tools]\nmax_expansions = 0", "tools.max_expansions"),
-            (
-                "[tools]\nmax_expansions = 4294967295",
-                "tools.max_expansions",
-            ),
-            (
-                "[upstream]\napi_key_env = \"CTXPROXY_TEST_SURELY_UNSET_VAR\"",
-                "upstream.api_key_env",
-            ),
-        ];
-        for (text, key) in cases {
-            let err = Config::from_toml(text, no_env()).unwrap_err().to_string();
-            assert!(
-                err.contains(key),
-                "{text:?} gave {err:?}, expected key {key}"
-            );
-        }
-        let err = Config::from_toml("", vec![("CTXPROXY_NOPE_X".into(), "1".into())]).unwrap_err();
-        assert!(err.to_string().contains("CTXPROXY_NOPE_X"));
-        // Not overrides: the config path, the tests' variables, Kubernetes service links.
-        let others = [
-            ("CTXPROXY_CONFIG", "/etc/ctxproxy/config.toml"),
-            ("CTXPROXY_TEST_PYTHON", "/usr/bin/python3"),
-            ("CTXPROXY_SERVICE_HOST", "10.0.0.7"),
-            ("CTXPROXY_PORT", "tcp://10.0.0.7:8080"),
-            ("CTXPROXY_PORT_8080_TCP_PORT", "8080"),
-        ];
-        let env: Vec<(String, String)> = others
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        assert!(Config::from_toml("", env).is_ok());
-    }
-
-    #[test]
-    fn routes_pick_the_first_matching_pattern_then_the_default() {
-        let text = r#"
-            [[routes]]
-            name = "local"
-            models = ["llama-*", "qwen?"]
-            base_url = "http://127.0.0.1:11434/v1/"
-        "#;
-        let config = Config::from_toml(text, no_env()).unwrap();
-        assert_eq!(config.upstream_for_model("llama-3.1-8b"), Some(1));
-        assert_eq!(config.upstream_for_model("qwen3"), Some(1));
-        assert_eq!(config.upstream_for_model("gpt-4o"), Some(0));
-        assert_eq!(config.upstreams[1].base_url, "http://127.0.0.1:11434/v1");
-        let no_default = Config::from_toml("[upstream]\nbase_url = \"\"", no_env()).unwrap();
-        assert_eq!(no_default.upstream_for_model("gpt-4o"), None);
-    }
-
-    #[test]
-    fn secrets_do_not_print() {
-        let secret = Secret::new("sk-live-123");
-        assert_eq!(format!("{secret} {secret:?}"), "*** ***");
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -2,7 +2,7 @@
 //! bounded whatever the traffic. The least recently used entry goes first when a map is full,
 //! and entries nobody asked for during `idle` are swept, so an idle proxy gives memory back.
 
-mod config;
+pub mod config;
 
 use std::borrow::Borrow;
 use std::hash::Hash;

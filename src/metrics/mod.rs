@@ -1,7 +1,7 @@
 //! Every Prometheus metric ctxproxy exports, defined in one place on a registry that is passed
 //! down (no global statics). Label values come only from closed sets or configured names.
 
-mod labels;
+pub mod labels;
 mod rewrite;
 
 use prometheus::core::Collector;
@@ -16,7 +16,6 @@ pub use labels::{
     StoreOp, TokenPhase, ToolPhase, UpstreamError, UsageKind,
 };
 
-use crate::config::Config;
 use crate::glob::glob_match;
 use crate::pipeline::tools::Reason;
 
@@ -53,13 +52,9 @@ pub const NO_LABEL: &str = "none";
 const MAX_MODEL_LABELS: usize = 50;
 
 impl ModelLabels {
-    pub fn new(config: &Config) -> ModelLabels {
-        let mut names: Vec<String> = config
-            .routes
-            .iter()
-            .flat_map(|r| r.patterns.iter().cloned())
-            .chain(config.prices.keys().cloned())
-            .collect();
+    /// The labels of the models and patterns the config names (`Config::model_names`).
+    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>) -> ModelLabels {
+        let mut names: Vec<String> = models.into_iter().map(str::to_owned).collect();
         // Literal names first: `gpt-4o-mini` is its own label even beside `gpt-4o*`.
         names.sort_by_key(|n| (n.contains('*'), n.clone()));
         names.dedup();
@@ -364,21 +359,22 @@ impl Metrics {
 
     /// Creates the series of closed label sets at zero, so that every metric is exported from
     /// the start and `rate()` sees the first increase.
-    pub fn initialize(&self, config: &Config) {
+    /// `upstreams`: the configured upstreams' names (`Config::upstream_names`).
+    pub fn initialize(&self, upstreams: &[&str]) {
         for op in StoreOp::ALL {
             self.store_errors.with_label_values(&[op.as_str()]);
         }
         for cache in MemoryCache::ALL {
             self.memory_cache_bytes.with_label_values(&[cache.as_str()]);
         }
-        for upstream in &config.upstreams {
+        for upstream in upstreams {
             self.tool_definitions_refused
-                .with_label_values(&[upstream.name.as_str()]);
+                .with_label_values(&[*upstream]);
         }
-        for upstream in &config.upstreams {
+        for upstream in upstreams {
             for kind in UpstreamError::ALL {
                 self.upstream_errors
-                    .with_label_values(&[upstream.name.as_str(), kind.as_str()]);
+                    .with_label_values(&[*upstream, kind.as_str()]);
             }
         }
         for reason in Reason::ALL {

@@ -10,12 +10,20 @@
 
 use serde::Serialize;
 
-use super::report::{BudgetDetails, StageDetails, StageName, StageReport};
+use super::config::PipelineConfig;
+use super::stage::Params;
 use super::window::section::{LEDGER_HEADER, LINES_HEADER};
 use super::working_set::WorkingSet;
-use super::{Params, PipelineConfig};
 use crate::openai::{ChatRequest, Role};
 use crate::tokens::TokenCounter;
+
+/// `budget`: the steps taken to fit the budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetDetails {
+    pub budget: usize,
+    pub steps: Vec<&'static str>,
+    pub fits: bool,
+}
 
 type Step = (&'static str, fn(&mut Params, &PipelineConfig));
 
@@ -161,7 +169,8 @@ fn ledger_lines(section: &str) -> Option<&str> {
 /// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the
 /// first (least reduced) step that fits. Each step only reduces more than the one before, so
 /// the tightest is tried first (when even it does not fit, it is the best effort) and the first
-/// fitting step is found by bisection: at most 1 + log2(7) re-runs.
+/// fitting step is found by bisection: at most 1 + log2(7) re-runs. Returns the request kept,
+/// its tokens (`tokens_before` when no step made it smaller) and what was done.
 pub fn fit(
     original: &ChatRequest,
     config: &PipelineConfig,
@@ -169,7 +178,7 @@ pub fn fit(
     budget: usize,
     tokens_before: usize,
     rerun: &dyn Fn(&Params) -> ChatRequest,
-) -> (ChatRequest, StageReport) {
+) -> (ChatRequest, usize, BudgetDetails) {
     let attempt = |steps: usize| {
         let mut params = Params::from_config(config);
         for (_, tighten) in &STEPS[..steps] {
@@ -200,16 +209,10 @@ pub fn fit(
         (original.clone(), tokens_before)
     };
     let names: Vec<&str> = STEPS[..steps].iter().map(|(name, _)| *name).collect();
-    let report = StageReport {
-        stage: StageName::Budget,
-        tokens_before,
-        tokens_after,
-        applied: tokens_after < tokens_before,
-        details: StageDetails::Budget(BudgetDetails {
-            budget,
-            steps: names,
-            fits: tokens_after <= budget,
-        }),
+    let details = BudgetDetails {
+        budget,
+        steps: names,
+        fits: tokens_after <= budget,
     };
-    (request, report)
+    (request, tokens_after, details)
 }

@@ -9,16 +9,17 @@ use std::hash::BuildHasher;
 
 use foldhash::quality::FixedState;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::Memo;
+use super::config::PipelineConfig;
 use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
+use super::memo::Memo;
 use super::payload::{self, Payload};
 use super::recall;
-use super::report::{CompactDetails, StageDetails, StageName};
+use super::stage::{Params, Stage, StageCx, StageName, StageOutput};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
-use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
 use crate::tokens::TokenCounter;
 
@@ -28,6 +29,17 @@ mod table;
 use listing::TaskWords;
 use table::tabulated;
 
+/// `compact`: tool results cleared to a stub, or compacted as JSON or as text.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct CompactDetails {
+    pub cleared: usize,
+    pub json_compacted: usize,
+    pub text_compacted: usize,
+    /// The handles that the results cleared or cut name (`ctxproxy_recall`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handles: Vec<String>,
+}
+
 pub struct CompactStage;
 
 /// Characters of the first line kept in the stub of an old result.
@@ -36,15 +48,17 @@ const STUB_CHARS: usize = 100;
 const MAX_OMITTED_IDS: usize = 20;
 
 impl Stage for CompactStage {
+    type Details = CompactDetails;
+
     fn name(&self) -> StageName {
         StageName::Compact
     }
 
-    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+    fn enabled(&self, config: &PipelineConfig) -> bool {
         config.compact.enabled
     }
 
-    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput<CompactDetails> {
         let results: Vec<usize> = request
             .messages
             .iter()
@@ -162,12 +176,12 @@ impl Stage for CompactStage {
         StageOutput {
             messages,
             tools: None,
-            details: StageDetails::Compact(CompactDetails {
+            details: CompactDetails {
                 cleared,
                 json_compacted,
                 text_compacted,
                 handles,
-            }),
+            },
         }
     }
 }
@@ -185,7 +199,7 @@ pub(super) enum Form {
 /// `None` when it is sent as it is.
 pub(super) fn working_set_result(
     text: &str,
-    config: &super::PipelineConfig,
+    config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Option<(String, Form)> {
@@ -213,11 +227,7 @@ impl crate::bounded::Weigh for WorkingSetForm {
     }
 }
 
-fn lossless(
-    text: &str,
-    config: &super::PipelineConfig,
-    counter: &TokenCounter,
-) -> Option<(String, Form)> {
+fn lossless(text: &str, config: &PipelineConfig, counter: &TokenCounter) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
         return minified(text).map(|json| (json, Form::Json));
@@ -271,7 +281,7 @@ fn minified(text: &str) -> Option<String> {
 /// anything else as the client sent it.
 pub(super) fn appended(
     message: &Message,
-    config: &super::PipelineConfig,
+    config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Option<Message> {
@@ -514,7 +524,7 @@ fn compact_json_to_fit(
     value: &Value,
     keep: &HashSet<&str>,
     max_tokens: usize,
-    params: &super::Params,
+    params: &Params,
     counter: &TokenCounter,
 ) -> String {
     let mut rules = Rules {
@@ -748,376 +758,7 @@ fn distinct(ids: Vec<String>, max: usize) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-    use crate::pipeline::{Params, PipelineConfig};
-    use crate::tokens::Encoding;
-
-    fn keep() -> HashSet<&'static str> {
-        [
-            "name",
-            "full_name",
-            "id",
-            "html_url",
-            "description",
-            "title",
-        ]
-        .into_iter()
-        .collect()
-    }
-
-    fn pruning<'a>(keep: &'a HashSet<&'a str>) -> Rules<'a> {
-        Rules {
-            keep: Some(keep),
-            max_string_chars: 300,
-            list_cap: usize::MAX,
-            keep_cut_identifiers: false,
-        }
-    }
-
-    #[test]
-    fn json_keeps_identifying_fields_flattens_logins_and_keeps_every_identifier() {
-        let repo = json!({"id": 1296269, "name": "Hello-World", "full_name": "octocat/Hello-World",
-            "owner": {"login": "octocat", "id": 1, "avatar_url": "https://x"}, "private": false,
-            "html_url": "https://github.com/octocat/Hello-World", "description": null,
-            "forks_url": "https://api.github.com/repos/octocat/Hello-World/forks", "size": 108,
-            "pushed_at": "2011-01-26T19:06:43Z", "visibility": "public"});
-        let keep = keep();
-        let out = compact_value(&repo, &pruning(&keep));
-        assert_eq!(
-            out,
-            json!({"id": 1296269, "name": "Hello-World", "full_name": "octocat/Hello-World",
-            "owner": "octocat", "html_url": "https://github.com/octocat/Hello-World",
-            "size": 108, "pushed_at": "2011-01-26T19:06:43Z"})
-        );
-    }
-
-    #[test]
-    fn lossless_compaction_keeps_every_identifier_and_number() {
-        let order = json!({"order_id": "#W9348897", "note": null, "tags": [],
-            "items": [{"item_id": "6117189161", "price": 481.5, "qty": 1, "available": true,
-                "review": "word ".repeat(100)}]});
-        let out = compact_value(&order, &Rules::lossless(300));
-        assert_eq!(out["order_id"], "#W9348897");
-        assert_eq!(out["items"][0]["item_id"], "6117189161");
-        assert_eq!(out["items"][0]["price"], 481.5);
-        assert_eq!(out["items"][0]["qty"], 1);
-        assert_eq!(out["items"][0]["available"], true);
-        assert!(out.get("note").is_none() && out.get("tags").is_none());
-        assert!(out["items"][0]["review"].as_str().unwrap().ends_with(" …"));
-    }
-
-    #[test]
-    fn lists_are_cut_by_whole_items_to_fit_and_name_what_they_left_out() {
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let items: Vec<Value> = (0..200)
-            .map(|i| json!({"id": i, "name": format!("repo-{i}"), "junk": "x".repeat(50)}))
-            .collect();
-        let params = Params::from_config(&PipelineConfig::default());
-        let out = compact_json_to_fit(&Value::Array(items), &keep(), 300, &params, &counter);
-        assert!(counter.text(&out) <= 300, "{out}");
-        let parsed: Vec<Value> = serde_json::from_str(&out).unwrap();
-        let marker = parsed.last().unwrap().as_str().unwrap();
-        assert!(marker.starts_with("(showing "), "{marker}");
-        assert!(
-            marker.contains(" of 200; identifiers in the others: "),
-            "{marker}"
-        );
-        assert_eq!(parsed[0], json!({"id": 0, "name": "repo-0"}));
-    }
-
-    #[test]
-    fn json_is_minified_byte_for_byte() {
-        let text = "{\"order_id\": \"#W1\", \"price\": 481.50, \"note\": \"a \\\" b  c\",\n \"items\": [1, 2]}";
-        let out = minified(text).unwrap();
-        assert_eq!(
-            out,
-            "{\"order_id\":\"#W1\",\"price\":481.50,\"note\":\"a \\\" b  c\",\"items\":[1,2]}"
-        );
-        let same: Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(same, serde_json::from_str::<Value>(text).unwrap());
-        assert_eq!(minified("{\"a\":1}"), None);
-        assert_eq!(minified("not json: {\"a\": 1}"), None);
-        assert_eq!(minified("{\"a\": 1"), None);
-    }
-
-    #[test]
-    fn prose_is_cut_at_whitespace_identifiers_never() {
-        let long = format!(
-            "{} https://example.com/a/very/long/path/that/must/not/change end",
-            "word ".repeat(70)
-        );
-        let keep = keep();
-        let out = compact_value(&Value::String(long.clone()), &pruning(&keep));
-        let out = out.as_str().unwrap();
-        assert!(out.ends_with(" …"));
-        for id in identifiers(out) {
-            assert!(long.contains(&id));
-        }
-        let url = "https://example.com/".repeat(30);
-        assert_eq!(compact_value(&json!(url), &pruning(&keep)), json!(url));
-    }
-
-    #[test]
-    fn text_keeps_head_and_tail_and_lists_middle_identifiers() {
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let lines: Vec<String> = (0..400)
-            .map(|i| format!("line {i}: build step ok id=STEP{i:04}"))
-            .collect();
-        let out = compact_text(&lines.join("\n"), 200, MAX_OMITTED_IDS, &counter);
-        assert!(out.starts_with("line 0:"));
-        assert!(out.ends_with("line 399: build step ok id=STEP0399"));
-        assert!(out.contains("lines omitted; identifiers in them: "));
-        assert!(counter.text(&out) < 400);
-    }
-
-    fn call(name: &str, arguments: &str) -> ToolCall {
-        serde_json::from_value(json!({"id": "c1", "type": "function",
-            "function": {"name": name, "arguments": arguments}}))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_stub_names_the_call_and_lists_what_the_result_held() {
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let call = call("get_order_details", r##"{"order_id": "#W9348897"}"##);
-        let result = r##"{"order_id": "#W9348897", "status": "pending", "items": [{"name": "Action Camera", "item_id": "6117189161", "price": 481.5, "color": "silver"}, {"name": "Desk Lamp", "item_id": "7453605304", "price": 150.01, "color": "silver"}], "payment_method_id": "credit_card_8853416"}"##;
-        assert_eq!(
-            stub(Some(&call), result, 200, &TaskWords::default(), &counter),
-            "[get_order_details(order_id: #W9348897) result cleared; it held: order_id: #W9348897, items: [name: Action Camera, item_id: 6117189161, price: 481.5; name: Desk Lamp, item_id: 7453605304, price: 150.01], payment_method_id: credit_card_8853416]"
-        );
-        // Bounded: cut between two values.
-        let short = stub(Some(&call), result, 30, &TaskWords::default(), &counter);
-        assert!(counter.text(&short) <= 30, "{short}");
-        assert!(
-            short.ends_with(" …]") && short.contains("order_id: #W9348897"),
-            "{short}"
-        );
-        // Text results list their identifiers; a result without any keeps its first line.
-        assert_eq!(
-            stub(
-                None,
-                "Booked HAT045 for 2024-05-01\nok",
-                200,
-                &TaskWords::default(),
-                &counter
-            ),
-            "[Previous result cleared; it held: HAT045, 2024-05-01]"
-        );
-        assert_eq!(
-            stub(
-                None,
-                "{\n  \"done\": true\n}",
-                200,
-                &TaskWords::default(),
-                &counter
-            ),
-            "[Previous result cleared: \"done\": true]"
-        );
-    }
-
-    #[test]
-    fn a_catalog_too_long_for_its_stub_keeps_the_names_the_task_says() {
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let call = call("get_category_actions", r#"{"category_names": ["PULLS"]}"#);
-        let filler = (0..120).map(|i| format!("list_hooks_{}", "abcdefghij".repeat(i % 3 + 1)));
-        let mut names: Vec<String> = filler.collect();
-        names.insert(90, "submit_review".to_owned());
-        let result = json!({"category_actions": {"PULLS": names}}).to_string();
-        let messages = [Message::text(
-            Role::User,
-            "Open the pull request and submit a review",
-        )];
-        let task = TaskWords::of(&messages, Some(&call));
-        let stub = stub(Some(&call), &result, 60, &task, &counter);
-        assert_eq!(
-            stub,
-            "[get_category_actions(category_names: [PULLS]) result cleared; it held: category_actions: {PULLS: [submit_review]} …]"
-        );
-        // Without the task, the start is kept and the name is gone.
-        let blind = super::stub(Some(&call), &result, 60, &TaskWords::default(), &counter);
-        assert!(
-            !blind.contains("submit_review") && blind.ends_with(" …]"),
-            "{blind}"
-        );
-    }
-}
+mod tests;
 
 #[cfg(test)]
-mod working_set_tests {
-    use serde_json::json;
-
-    use super::*;
-    use crate::pipeline::{Params, PipelineConfig};
-    use crate::tokens::Encoding;
-
-    /// Compaction with each old result cleared as soon as it is old enough.
-    fn run(request: &ChatRequest) -> Option<Vec<Message>> {
-        run_batched(request, 0)
-    }
-
-    fn run_batched(request: &ChatRequest, batch: usize) -> Option<Vec<Message>> {
-        let mut config = PipelineConfig::default();
-        config.compact.clear_at_least_tokens = batch;
-        let params = Params::from_config(&config);
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let cx = StageCx {
-            config: &config,
-            params: &params,
-            counter: &counter,
-            memo: &crate::pipeline::Memo::default(),
-            sticky_categories: &[],
-            original_messages: &request.messages,
-        };
-        CompactStage.apply(request, &cx).messages
-    }
-
-    fn result(city: &str) -> String {
-        format!(
-            // Compact JSON: what these tests look at is clearing, not the minifying.
-            "{{\"city\":\"{city}\",\"code\":\"{}X1\",\"forecast\":\"{}\"}}",
-            &city[..2],
-            "sunny and mild all week long, with a light breeze in the afternoons ".repeat(3)
-        )
-    }
-
-    #[test]
-    fn the_latest_steps_are_never_cleared() {
-        let calls: Vec<Value> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|id| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}))
-            .collect();
-        let request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
-            {"role": "user", "content": "Weather in Rome, Oslo, Lima and Kyiv?"},
-            {"role": "assistant", "content": null, "tool_calls": calls},
-            {"role": "tool", "tool_call_id": "a", "content": result("Rome")},
-            {"role": "tool", "tool_call_id": "b", "content": result("Oslo")},
-            {"role": "tool", "tool_call_id": "c", "content": result("Lima")},
-            {"role": "tool", "tool_call_id": "d", "content": result("Kyiv")}
-        ]}))
-        .unwrap();
-        assert!(run(&request).is_none());
-    }
-
-    fn long_loop() -> ChatRequest {
-        let mut messages = vec![json!({"role": "user", "content": "Check every city"})];
-        let cities = ["Rome", "Oslo", "Lima", "Kyiv", "Baku", "Doha", "Riga"];
-        for (i, city) in cities.iter().enumerate() {
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
-                "type": "function", "function": {"name": "weather", "arguments": format!("{{\"city\": \"{city}\"}}")}}]}));
-            messages.push(
-                json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result(city)}),
-            );
-        }
-        serde_json::from_value(json!({"model": "m", "messages": messages})).unwrap()
-    }
-
-    #[test]
-    fn old_results_are_cleared_in_batches_of_clear_at_least_tokens() {
-        let request = long_loop();
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let tokens = |i: usize| counter.text(&request.messages[i].content.get().unwrap().text());
-        let cleared = |out: Option<Vec<Message>>| -> Vec<usize> {
-            let out = out.unwrap_or_else(|| request.messages.clone());
-            (0..out.len())
-                .filter(|&i| out[i] != request.messages[i])
-                .collect()
-        };
-        // The three old results (2, 4, 6) hold fewer tokens than a batch: none is cleared yet.
-        let three = tokens(2) + tokens(4) + tokens(6);
-        assert_eq!(
-            cleared(run_batched(&request, three + 1)),
-            Vec::<usize>::new()
-        );
-        // A batch the size of two of them: the oldest two go, the third waits.
-        assert_eq!(
-            cleared(run_batched(&request, tokens(2) + tokens(4))),
-            vec![2, 4]
-        );
-        assert_eq!(cleared(run_batched(&request, 1)), vec![2, 4, 6]);
-    }
-
-    #[test]
-    fn older_steps_of_a_long_loop_become_stubs_with_their_identifiers() {
-        let request = long_loop();
-        let out = run(&request).expect("older results cleared");
-        let text = |i: usize| out[i].content.get().unwrap().text().into_owned();
-        // Results of the first three calls are stubs; the last four are the working set.
-        assert_eq!(
-            text(2),
-            "[weather(city: Rome) result cleared; it held: city: Rome, code: RoX1]"
-        );
-        assert!(text(6).starts_with("[weather(city: Lima) result cleared"));
-        for i in [8, 10, 12, 14] {
-            assert_eq!(out[i], request.messages[i]);
-        }
-    }
-
-    /// A database tool's answer as MCP servers wrap it: a text part holding a tool result
-    /// holding a Python literal of `n` rows.
-    fn wrapped_rows(n: usize) -> String {
-        let rows: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    "{{'department_name': 'Dept {i}', 'tenure_years': Decimal('{}.{}'), \
-                     'since': datetime.date(19{:02}, 1, 2), 'note': '{}'}}",
-                    20 + i,
-                    i % 10,
-                    60 + i % 40,
-                    "steady growth with a stable team ".repeat(2)
-                )
-            })
-            .collect();
-        let literal = format!("[{}]", rows.join(", "));
-        let result = json!({"meta": null, "content": [{"type": "text", "text": literal, "annotations": null}],
-            "structuredContent": {"result": [{"type": "text", "text": literal}]}, "isError": false});
-        json!({"type": "text", "text": result.to_string()}).to_string()
-    }
-
-    #[test]
-    fn a_wrapped_result_keeps_its_content_and_every_value_in_the_working_set() {
-        let request: ChatRequest = serde_json::from_value(json!({"model": "m", "messages": [
-            {"role": "user", "content": "Tenure by department?"},
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "q", "type": "function",
-                "function": {"name": "execute_sql", "arguments": "{\"query\": \"SELECT 1\"}"}}]},
-            {"role": "tool", "tool_call_id": "q", "content": wrapped_rows(60)}
-        ]}))
-        .unwrap();
-        let out = run(&request).expect("the large result is compacted");
-        let text = out[2].content.get().unwrap().text().into_owned();
-        // The rows, as a table, not the envelope with its one long string cut.
-        assert!(
-            text.starts_with("{\"columns\":[\"department_name\",\"tenure_years\",\"since\""),
-            "{text}"
-        );
-        for i in 0..60 {
-            assert!(
-                text.contains(&format!("\"{}.{}\"", 20 + i, i % 10)),
-                "{i}: {text}"
-            );
-            assert!(text.contains(&format!("\"Dept {i}\"")), "{i}");
-        }
-        assert!(text.contains("\"1960-01-02\""));
-        assert!(text.len() < wrapped_rows(60).len() / 2);
-    }
-
-    #[test]
-    fn a_cleared_wrapped_result_names_its_values() {
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let call: ToolCall = serde_json::from_value(
-            json!({"id": "q", "type": "function", "function": {"name": "execute_sql", "arguments": "{}"}}),
-        )
-        .unwrap();
-        let text = stub(
-            Some(&call),
-            &wrapped_rows(3),
-            200,
-            &TaskWords::default(),
-            &counter,
-        );
-        assert!(text.contains("tenure_years: 20.0"), "{text}");
-        assert!(text.contains("Dept 2") && text.contains("22.2"), "{text}");
-    }
-}
+mod working_set_tests;

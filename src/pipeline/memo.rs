@@ -15,8 +15,6 @@ use std::time::Instant;
 
 use crate::bounded::{MemoryConfig, SharedLru, Weigh};
 
-use super::tools::catalog::Catalog;
-
 pub struct Memo {
     derived: SharedLru<(Kind, u64), Entry>,
     rewrites: SharedLru<u64, Arc<super::Rewrite>>,
@@ -106,9 +104,14 @@ impl Memo {
         self.rewrites.get(&key)
     }
 
-    /// The catalog for `key`, built by `make` on a miss.
-    pub fn catalog(&self, key: u64, make: impl FnOnce() -> Catalog) -> Arc<Catalog> {
-        self.derive(Kind::Catalog, key, make, Catalog::heap_bytes)
+    /// The tool catalog for `key` (`tools::catalog::Catalog`), built by `make` on a miss. Kept
+    /// apart from `value`'s keys; generic so that the memo, below every stage, names no stage.
+    pub fn catalog<C: Any + Send + Sync + Weigh>(
+        &self,
+        key: u64,
+        make: impl FnOnce() -> C,
+    ) -> Arc<C> {
+        self.derive(Kind::Catalog, key, make, C::heap_bytes)
     }
 
     /// Drops what no request used within `[memory] idle_secs`.

@@ -17,6 +17,7 @@ pub mod prefix;
 pub mod recall;
 mod reinforcement;
 pub mod report;
+mod stage;
 mod system;
 pub(crate) mod text;
 pub mod tools;
@@ -29,10 +30,11 @@ pub use budget::{Floor, OverBudget, OverPart};
 pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 pub use prefix::{PrefixReport, PrefixState, Rebuilt};
-pub use report::{PipelineReport, StageDetails, StageName, StageReport};
+pub use report::{PipelineReport, StageDetails, StageReport};
+pub use stage::{Params, Stage, StageCx, StageName, StageOutput};
 
 use crate::guards::ReinforcementConfig;
-use crate::openai::{ChatRequest, Message, Nullable, Tool};
+use crate::openai::{ChatRequest, Message, Nullable};
 use crate::tokens::TokenCounter;
 
 /// A rewritten request and how it was obtained.
@@ -48,42 +50,6 @@ impl Rewrite {
     pub fn changed(&self) -> bool {
         self.report.stages.iter().any(|s| s.applied)
     }
-}
-
-/// Knobs the stages read. The budget stage tightens them step by step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Params {
-    /// Upper bound on verbatim turns, below the adaptive choice (budget only).
-    pub window_turns_cap: Option<usize>,
-    pub max_segments: usize,
-    pub keep_recent_results: usize,
-    pub tool_result_max_tokens: usize,
-    pub max_string_chars: usize,
-}
-
-impl Params {
-    fn from_config(config: &PipelineConfig) -> Params {
-        Params {
-            window_turns_cap: None,
-            max_segments: config.window.max_segments,
-            keep_recent_results: config.compact.keep_recent_results,
-            tool_result_max_tokens: config.compact.tool_result_max_tokens,
-            max_string_chars: config.compact.max_string_chars,
-        }
-    }
-}
-
-/// Read-only context of a stage.
-pub struct StageCx<'a> {
-    pub config: &'a PipelineConfig,
-    pub params: &'a Params,
-    pub counter: &'a TokenCounter,
-    pub memo: &'a Memo,
-    /// Tool categories of this conversation's last tool-using turn (from the store).
-    pub sticky_categories: &'a [String],
-    /// The messages the client sent, before any stage: what a classifier reads, so that a
-    /// smaller window never changes which tools are chosen.
-    pub original_messages: &'a [Message],
 }
 
 /// What the pipeline runs with, besides the request.
@@ -103,40 +69,42 @@ pub struct Env<'a> {
     pub remembered: Option<PrefixState>,
 }
 
-/// What a stage produced: new messages and/or tools (`None` when unchanged) and a description
-/// of what it did.
-pub struct StageOutput {
-    pub messages: Option<Vec<Message>>,
-    /// The tool definitions to send; an empty list removes tools (and `tool_choice`).
-    pub tools: Option<Vec<Tool>>,
-    pub details: StageDetails,
+/// A stage as the run loop drives it: its details gathered in the report's `StageDetails`.
+trait Reported {
+    fn name(&self) -> StageName;
+    fn enabled(&self, config: &PipelineConfig) -> bool;
+    fn structural(&self) -> bool;
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput<StageDetails>;
 }
 
-impl StageOutput {
-    fn unchanged(details: StageDetails) -> StageOutput {
+impl<S: Stage> Reported for S
+where
+    S::Details: Into<StageDetails>,
+{
+    fn name(&self) -> StageName {
+        Stage::name(self)
+    }
+
+    fn enabled(&self, config: &PipelineConfig) -> bool {
+        Stage::enabled(self, config)
+    }
+
+    fn structural(&self) -> bool {
+        Stage::structural(self)
+    }
+
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput<StageDetails> {
+        let output = Stage::apply(self, request, cx);
         StageOutput {
-            messages: None,
-            tools: None,
-            details,
+            messages: output.messages,
+            tools: output.tools,
+            details: output.details.into(),
         }
     }
 }
 
-/// One rewriting step: reads the request, returns what it would change. Stages borrow, so a
-/// stage with nothing to do costs no copy.
-pub trait Stage {
-    fn name(&self) -> StageName;
-    fn enabled(&self, config: &PipelineConfig) -> bool;
-    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput;
-    /// A structural stage's change is kept even when it costs a few tokens (the pipeline as a
-    /// whole still never grows a prompt).
-    fn structural(&self) -> bool {
-        false
-    }
-}
-
 /// The stages before the budget, in order.
-fn stages() -> [&'static dyn Stage; 4] {
+fn stages() -> [&'static dyn Reported; 4] {
     [
         &system::SystemStage,
         &window::WindowStage,
@@ -183,9 +151,18 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let mut best = rewritten;
 
     if config.budget.enabled && tokens_after > budget {
-        let (fitted, report) = budget::fit(request, config, counter, budget, tokens_after, &|p| {
-            run_stages(request, env, p).0.into_owned()
-        });
+        let tokens_before = tokens_after;
+        let (fitted, fitted_tokens, details) =
+            budget::fit(request, config, counter, budget, tokens_before, &|p| {
+                run_stages(request, env, p).0.into_owned()
+            });
+        let report = StageReport {
+            stage: StageName::Budget,
+            tokens_before,
+            tokens_after: fitted_tokens,
+            applied: fitted_tokens < tokens_before,
+            details: details.into(),
+        };
         if report.applied {
             best = Cow::Owned(fitted);
             tokens_after = report.tokens_after;
@@ -216,7 +193,7 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             tokens_before: tokens_after,
             tokens_after: tokens,
             applied: true,
-            details: StageDetails::Reinforcement(report::ReinforcementDetails {
+            details: StageDetails::Reinforcement(reinforcement::ReinforcementDetails {
                 messages: reinforcement::conversation_length(request),
             }),
         });
@@ -262,6 +239,31 @@ impl Rewrite {
             },
             remember: None,
         }
+    }
+}
+
+impl Rewrite {
+    /// The rewrite of a request that appends to `anchored`: `sent`, its messages appended,
+    /// reported as the anchor's stages shifted by the appended messages (`before` tokens as the
+    /// client sent them, `after` as sent) and a last stage `append` (`PipelineReport::
+    /// appended_stages`), held to the anchor's budget.
+    fn appended(
+        anchored: &Rewrite,
+        sent: ChatRequest,
+        (before, after): (usize, usize),
+        details: prefix::AppendDetails,
+        defined: &std::collections::BTreeSet<String>,
+        env: &Env<'_>,
+    ) -> Rewrite {
+        let anchor = &anchored.report;
+        let stages = anchor.appended_stages((before, after), details, defined);
+        Rewrite::held_to(
+            sent,
+            (anchor.tokens_before + before, anchor.tokens_after + after),
+            stages,
+            anchor.budget,
+            env,
+        )
     }
 }
 

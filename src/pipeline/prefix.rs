@@ -21,9 +21,14 @@ use std::sync::Arc;
 use foldhash::quality::FixedState;
 use serde::{Deserialize, Serialize};
 
-use super::report::{AppendDetails, StageDetails, StageName, StageReport};
+use super::compact;
+use super::recall;
+use super::stage::StageName;
+use super::tools::append::{
+    definitions_from, previous_turn_categories, sends_block_whole, without_tools,
+};
 use super::working_set::WorkingSet;
-use super::{Env, Rewrite, compact, tools, with_messages};
+use super::{Env, Rewrite, with_messages};
 use crate::openai::{ChatRequest, Message, Role};
 use crate::tokens::hash_message;
 
@@ -73,6 +78,24 @@ pub struct PrefixReport {
     /// the prefix a provider would have found cached without the rewrite.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous_tokens: Option<usize>,
+}
+
+/// `append`: messages appended to the conversation's previous rewrite, and how many of them
+/// were compacted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AppendDetails {
+    pub appended: usize,
+    pub compacted: usize,
+}
+
+/// What the recall pairs put back read of it (`recall::replay`).
+impl From<&PrefixReport> for recall::Appended {
+    fn from(report: &PrefixReport) -> recall::Appended {
+        recall::Appended {
+            anchor_messages: report.anchor_messages,
+            appended_messages: report.appended_messages,
+        }
+    }
 }
 
 /// One request of the conversation: its first `len` messages, and the hash of those and of
@@ -132,7 +155,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         points: &points,
         env,
         settings,
-        tools_fixed: tools::sends_block_whole(request, env.config, env.counter),
+        tools_fixed: sends_block_whole(request, env.config, env.counter),
         reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
     };
 
@@ -244,7 +267,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
 fn sent_as(current: &ChatRequest, rewritten: ChatRequest) -> ChatRequest {
     let mut sent = with_messages(std::borrow::Cow::Borrowed(current), rewritten.messages);
     if rewritten.tools.is_absent() && !current.tools.is_absent() {
-        tools::without_tools(&mut sent);
+        without_tools(&mut sent);
     } else {
         sent.tools = rewritten.tools;
         sent.tool_choice = rewritten.tool_choice;
@@ -425,7 +448,7 @@ fn env_at<'b>(
         return *env;
     }
     let truncated = request_at(request, points[k]);
-    *sticky = tools::previous_turn_categories(&truncated, env.config, env.memo);
+    *sticky = previous_turn_categories(&truncated, env.config, env.memo);
     Env {
         sticky_categories: sticky,
         ..*env
@@ -491,9 +514,9 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
     let mut sent = anchored.request.clone();
     let (mut before, mut after, mut compacted) = (0, 0, 0);
     // Tools needed since are defined where the need arose, as the whole rewrite would.
-    let definitions = tools::definitions_from(request, from, env.config, counter, env.memo);
-    let defined: Vec<Message> = definitions.iter().map(|(_, m)| m.clone()).collect();
-    let defined = super::tools::inline::defined_in(&defined);
+    let definitions = definitions_from(request, from, env.config, counter, env.memo);
+    let defined = definitions.names;
+    let definitions = definitions.placed;
     let mut definitions = definitions.into_iter().peekable();
     for (index, message) in request.messages.iter().enumerate().skip(from) {
         while let Some((_, defined)) = definitions.next_if(|(at, _)| *at <= index) {
@@ -515,41 +538,11 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
         after += counter.message(&defined);
         sent.messages.push(defined);
     }
-    let anchor = &anchored.report;
-    let mut stages: Vec<StageReport> = anchor
-        .stages
-        .iter()
-        .cloned()
-        .map(|mut stage| {
-            stage.tokens_before += before;
-            stage.tokens_after += before;
-            if let StageDetails::Tools(tools) = &mut stage.details
-                && !defined.is_empty()
-            {
-                tools.define(&defined);
-            }
-            stage
-        })
-        .collect();
-    stages.push(StageReport {
-        stage: StageName::Append,
-        tokens_before: anchor.tokens_after + before,
-        tokens_after: anchor.tokens_after + after,
-        applied: compacted > 0,
-        details: StageDetails::Append(AppendDetails {
-            appended: request.messages.len() - from,
-            compacted,
-        }),
-    });
-    let tokens_before = anchor.tokens_before + before;
-    let tokens_after = anchor.tokens_after + after;
-    Rewrite::held_to(
-        sent,
-        (tokens_before, tokens_after),
-        stages,
-        anchor.budget,
-        env,
-    )
+    let details = AppendDetails {
+        appended: request.messages.len() - from,
+        compacted,
+    };
+    Rewrite::appended(anchored, sent, (before, after), details, &defined, env)
 }
 
 #[cfg(test)]

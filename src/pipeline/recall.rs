@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
-use super::{PipelineConfig, PrefixReport};
+use super::config::PipelineConfig;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool, ToolCall};
 use crate::tokens::TokenCounter;
 
@@ -220,6 +220,15 @@ impl Mark {
     }
 }
 
+/// How a rewrite relates to the client's messages (what `PrefixReport` says of it): the
+/// client's first `anchor_messages` are rewritten, the `appended_messages` after them appended
+/// one for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub anchor_messages: usize,
+    pub appended_messages: usize,
+}
+
 /// Puts each recall pair of `marks` back where its re-ask put it, into `sent`, the rewrite of
 /// `client`: possible where the rewrite appends the client's messages one for one after its
 /// anchor (`prefix`), so the pair lands byte for byte where the provider's cache has it. A
@@ -228,7 +237,7 @@ impl Mark {
 pub fn replay(
     sent: &mut Vec<Message>,
     client: &[Message],
-    prefix: Option<&PrefixReport>,
+    prefix: Option<Appended>,
     marks: &[Mark],
 ) -> usize {
     let n = client.len();
@@ -385,27 +394,23 @@ mod tests {
             client[2].clone(),
         ];
         sent.extend(next[3..].iter().cloned());
-        let prefix = PrefixReport {
+        let prefix = Appended {
             anchor_messages: 3,
             appended_messages: 2,
-            rebuilt: None,
-            whole_tokens: None,
-            previous_tokens: None,
         };
         assert_eq!(
-            replay(&mut sent, &next, Some(&prefix), std::slice::from_ref(&mark)),
+            replay(&mut sent, &next, Some(prefix), std::slice::from_ref(&mark)),
             2
         );
         assert_eq!(sent[..5], reasked[..]);
         assert_eq!(sent[5..], next[3..]);
         // Rebuilt past the mark: not put back.
-        let rebuilt = PrefixReport {
+        let rebuilt = Appended {
             anchor_messages: 5,
             appended_messages: 0,
-            ..prefix
         };
         let mut whole = next.clone();
-        assert_eq!(replay(&mut whole, &next, Some(&rebuilt), &[mark]), 0);
+        assert_eq!(replay(&mut whole, &next, Some(rebuilt), &[mark]), 0);
         assert_eq!(whole, next);
     }
 

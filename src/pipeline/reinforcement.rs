@@ -2,8 +2,16 @@
 //! message, so the model keeps following its operating mode. Added by
 //! `run` after every other stage: it is the last section, and the budget makes room for it.
 
+use serde::Serialize;
+
 use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Role};
+
+/// `reinforcement`: the reminder added, for a conversation this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReinforcementDetails {
+    pub messages: usize,
+}
 
 /// Messages of the conversation, system and developer messages not counted.
 pub fn conversation_length(request: &ChatRequest) -> usize {

@@ -1,66 +1,24 @@
 //! What a rewrite reports, stage by stage, as typed values: the explain output, the recording
 //! and the metrics all read these fields, so renaming one is a compile error, not a metric that
 //! silently stops counting. The serialized form is the explain JSON (golden-tested).
+//!
+//! This module sits above the stages: each stage owns its details type and returns it, and
+//! the report gathers them (`StageDetails`) with the token counts of each stage and of the whole
+//! rewrite. No stage imports this module.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use serde::Serialize;
-use serde_json::Value;
 
-use super::budget::OverBudget;
-use super::prefix::PrefixReport;
-use super::tools::Reason;
-use super::tools::stubs::ToolForm;
-
-/// The pipeline's stages, in the order they run (also the `stage` metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StageName {
-    System,
-    Window,
-    Tools,
-    Compact,
-    Budget,
-    Reinforcement,
-    Append,
-}
-
-impl StageName {
-    pub const ALL: [StageName; 7] = [
-        StageName::System,
-        StageName::Window,
-        StageName::Tools,
-        StageName::Compact,
-        StageName::Budget,
-        StageName::Reinforcement,
-        StageName::Append,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageName::System => "system",
-            StageName::Window => "window",
-            StageName::Tools => "tools",
-            StageName::Compact => "compact",
-            StageName::Budget => "budget",
-            StageName::Reinforcement => "reinforcement",
-            StageName::Append => "append",
-        }
-    }
-}
-
-impl std::fmt::Display for StageName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A stage by its name, as the explain output and the metrics spell it.
-impl PartialEq<&str> for StageName {
-    fn eq(&self, name: &&str) -> bool {
-        self.as_str() == *name
-    }
-}
+pub use super::budget::{BudgetDetails, OverBudget};
+pub use super::compact::CompactDetails;
+pub use super::prefix::{AppendDetails, PrefixReport};
+pub use super::reinforcement::ReinforcementDetails;
+pub use super::stage::StageName;
+pub use super::system::SystemDetails;
+pub use super::tools::report::{CategoryScore, Classified, Reason, ToolsDetails};
+pub use super::tools::stubs::ToolForm;
+pub use super::window::{WindowDetails, WindowSummary, WindowTarget};
 
 /// What one stage did to one request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -87,6 +45,26 @@ pub enum StageDetails {
     Append(AppendDetails),
 }
 
+macro_rules! stage_details_from {
+    ($($variant:ident($details:ty)),* $(,)?) => {
+        $(impl From<$details> for StageDetails {
+            fn from(details: $details) -> StageDetails {
+                StageDetails::$variant(details)
+            }
+        })*
+    };
+}
+
+stage_details_from!(
+    System(SystemDetails),
+    Window(WindowDetails),
+    Tools(ToolsDetails),
+    Compact(CompactDetails),
+    Budget(BudgetDetails),
+    Reinforcement(ReinforcementDetails),
+    Append(AppendDetails),
+);
+
 impl StageDetails {
     pub fn tools(&self) -> Option<&ToolsDetails> {
         match self {
@@ -101,170 +79,6 @@ impl StageDetails {
             _ => None,
         }
     }
-}
-
-/// `system`: system messages merged into one, empty and duplicated ones dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct SystemDetails {
-    pub merged: usize,
-    pub dropped_empty: usize,
-    pub dropped_duplicate: usize,
-}
-
-/// `window`: the turns kept verbatim, and what summarizes the others. A window with nothing to
-/// summarize reports only `turns`, `verbatim_turns` and `reason`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WindowDetails {
-    pub turns: usize,
-    pub verbatim_turns: usize,
-    #[serde(flatten)]
-    pub target: Option<WindowTarget>,
-    pub reason: &'static str,
-    #[serde(flatten)]
-    pub summary: Option<WindowSummary>,
-}
-
-/// How many turns the adaptive window aimed at, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct WindowTarget {
-    pub target_turns: usize,
-    pub continuity: Option<f64>,
-    /// 1-based.
-    pub topic_shift_at_turn: Option<usize>,
-}
-
-/// What stands for the turns before the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct WindowSummary {
-    pub summarized_turns: usize,
-    pub segments: usize,
-    pub segments_kept: usize,
-    pub ledger_lines: usize,
-    /// How many times the summary section was rebuilt as the conversation grew (it is
-    /// otherwise appended to: `window/section.rs`).
-    pub folds: usize,
-    pub answered_kept: bool,
-    pub facts: usize,
-}
-
-/// `tools`: the tool definitions offered and sent, and why. Which fields are present depends
-/// on how the decision was made (no tools, a demanded call, a small block, the classifier).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ToolsDetails {
-    pub offered: usize,
-    /// Sent in full.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sent: Option<usize>,
-    /// Sent as stubs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stubs: Option<usize>,
-    /// Of the stubs, those whose full definitions are in the messages.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inline: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Reason>,
-    /// The client's `tool_choice` that demands a call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_choice: Option<Value>,
-    /// The size of a block sent whole for being small.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_tokens: Option<usize>,
-    #[serde(flatten)]
-    pub classifier: Option<Classified>,
-}
-
-impl ToolsDetails {
-    /// `offered` tools, nothing decided.
-    pub fn offered(offered: usize) -> ToolsDetails {
-        ToolsDetails {
-            offered,
-            sent: None,
-            stubs: None,
-            inline: None,
-            reason: None,
-            tool_choice: None,
-            tool_tokens: None,
-            classifier: None,
-        }
-    }
-
-    /// Marks the named stubs as defined in the messages (what an appended request placed).
-    pub fn define(&mut self, names: &std::collections::BTreeSet<String>) {
-        let Some(classified) = self.classifier.as_mut() else {
-            return;
-        };
-        for (name, form) in classified.forms.iter_mut() {
-            if *form == ToolForm::Stub && names.contains(name) {
-                *form = ToolForm::Inline;
-            }
-        }
-        let inline = classified
-            .forms
-            .values()
-            .filter(|f| **f == ToolForm::Inline)
-            .count();
-        self.inline = (inline > 0).then_some(inline);
-    }
-
-    /// Every one of `offered` tools sent, for `reason`.
-    pub fn all_sent(offered: usize, reason: Reason) -> ToolsDetails {
-        ToolsDetails {
-            sent: Some(offered),
-            reason: Some(reason),
-            ..ToolsDetails::offered(offered)
-        }
-    }
-}
-
-/// What the classifier saw: the categories chosen, each category's score and keywords, the
-/// conversation's sticky categories and the tools protected by the history.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Classified {
-    /// Each function tool: sent in full, as a stub, or removed.
-    pub forms: BTreeMap<String, ToolForm>,
-    pub categories: Vec<String>,
-    pub scores: BTreeMap<String, CategoryScore>,
-    pub sticky: Vec<String>,
-    pub protected: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CategoryScore {
-    pub score: f64,
-    pub keywords: Vec<String>,
-}
-
-/// `compact`: tool results cleared to a stub, or compacted as JSON or as text.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct CompactDetails {
-    pub cleared: usize,
-    pub json_compacted: usize,
-    pub text_compacted: usize,
-    /// The handles that the results cleared or cut name (`ctxproxy_recall`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub handles: Vec<String>,
-}
-
-/// `budget`: the steps taken to fit the budget.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BudgetDetails {
-    pub budget: usize,
-    pub steps: Vec<&'static str>,
-    pub fits: bool,
-}
-
-/// `reinforcement`: the reminder added, for a conversation this long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ReinforcementDetails {
-    pub messages: usize,
-}
-
-/// `append`: messages appended to the conversation's previous rewrite, and how many of them
-/// were compacted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct AppendDetails {
-    pub appended: usize,
-    pub compacted: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -319,6 +133,42 @@ impl PipelineReport {
         savings
     }
 
+    /// The stages of this report, as a request that appends `appended` to its rewrite reports
+    /// them: each shifted by the `before` tokens the appended messages had as the client sent
+    /// them, the stubs defined since in the messages (`defined`) counted as inline, and a last
+    /// stage `append` for what appending saved (`after` tokens as sent), so that the stages
+    /// still sum to the whole saving.
+    pub fn appended_stages(
+        &self,
+        (before, after): (usize, usize),
+        appended: AppendDetails,
+        defined: &BTreeSet<String>,
+    ) -> Vec<StageReport> {
+        let mut stages: Vec<StageReport> = self
+            .stages
+            .iter()
+            .cloned()
+            .map(|mut stage| {
+                stage.tokens_before += before;
+                stage.tokens_after += before;
+                if let StageDetails::Tools(tools) = &mut stage.details
+                    && !defined.is_empty()
+                {
+                    tools.define(defined);
+                }
+                stage
+            })
+            .collect();
+        stages.push(StageReport {
+            stage: StageName::Append,
+            tokens_before: self.tokens_after + before,
+            tokens_after: self.tokens_after + after,
+            applied: appended.compacted > 0,
+            details: StageDetails::Append(appended),
+        });
+        stages
+    }
+
     /// The report of `stage`, when it ran.
     pub fn stage(&self, stage: StageName) -> Option<&StageReport> {
         self.stages.iter().find(|s| s.stage == stage)
@@ -327,6 +177,8 @@ impl PipelineReport {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use serde_json::json;
 
     use super::*;

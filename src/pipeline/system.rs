@@ -2,9 +2,19 @@
 //! position 0 — the first verbatim, later ones after it in order, each in its own XML-tagged
 //! section; empty and exactly duplicated ones are dropped.
 
-use super::report::{StageDetails, StageName, SystemDetails};
-use super::{Stage, StageCx, StageOutput};
+use serde::Serialize;
+
+use super::config::PipelineConfig;
+use super::stage::{Stage, StageCx, StageName, StageOutput};
 use crate::openai::{ChatRequest, Content, Message, Role};
+
+/// `system`: system messages merged into one, empty and duplicated ones dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct SystemDetails {
+    pub merged: usize,
+    pub dropped_empty: usize,
+    pub dropped_duplicate: usize,
+}
 
 pub struct SystemStage;
 
@@ -13,11 +23,13 @@ fn is_instruction(message: &Message) -> bool {
 }
 
 impl Stage for SystemStage {
+    type Details = SystemDetails;
+
     fn name(&self) -> StageName {
         StageName::System
     }
 
-    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+    fn enabled(&self, config: &PipelineConfig) -> bool {
         config.system.enabled
     }
 
@@ -27,7 +39,7 @@ impl Stage for SystemStage {
         true
     }
 
-    fn apply(&self, request: &ChatRequest, _cx: &StageCx<'_>) -> StageOutput {
+    fn apply(&self, request: &ChatRequest, _cx: &StageCx<'_>) -> StageOutput<SystemDetails> {
         let count = request
             .messages
             .iter()
@@ -35,7 +47,7 @@ impl Stage for SystemStage {
             .count();
         let first_is_instruction = request.messages.first().is_some_and(is_instruction);
         if count == 0 || (count == 1 && first_is_instruction) {
-            return StageOutput::unchanged(StageDetails::System(SystemDetails::default()));
+            return StageOutput::unchanged(SystemDetails::default());
         }
         let (instructions, rest): (Vec<&Message>, Vec<&Message>) =
             request.messages.iter().partition(|m| is_instruction(m));
@@ -83,11 +95,11 @@ impl Stage for SystemStage {
         StageOutput {
             messages: Some(messages),
             tools: None,
-            details: StageDetails::System(SystemDetails {
+            details: SystemDetails {
                 merged,
                 dropped_empty,
                 dropped_duplicate,
-            }),
+            },
         }
     }
 }

@@ -17,35 +17,75 @@ pub(super) mod section;
 mod summary;
 mod turns;
 
-use super::report::{StageDetails, StageName, WindowDetails, WindowSummary, WindowTarget};
+use serde::Serialize;
+
+use super::config::PipelineConfig;
+use super::stage::{Stage, StageCx, StageName, StageOutput};
 use super::system::add_section;
 use super::working_set::WorkingSet;
-use super::{Stage, StageCx, StageOutput};
 use crate::openai::{ChatRequest, Message};
 use turns::{Turn, split_turns};
+
+/// `window`: the turns kept verbatim, and what summarizes the others. A window with nothing to
+/// summarize reports only `turns`, `verbatim_turns` and `reason`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowDetails {
+    pub turns: usize,
+    pub verbatim_turns: usize,
+    #[serde(flatten)]
+    pub target: Option<WindowTarget>,
+    pub reason: &'static str,
+    #[serde(flatten)]
+    pub summary: Option<WindowSummary>,
+}
+
+/// How many turns the adaptive window aimed at, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WindowTarget {
+    pub target_turns: usize,
+    pub continuity: Option<f64>,
+    /// 1-based.
+    pub topic_shift_at_turn: Option<usize>,
+}
+
+/// What stands for the turns before the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WindowSummary {
+    pub summarized_turns: usize,
+    pub segments: usize,
+    pub segments_kept: usize,
+    pub ledger_lines: usize,
+    /// How many times the summary section was rebuilt as the conversation grew (it is
+    /// otherwise appended to: `window/section.rs`).
+    pub folds: usize,
+    pub answered_kept: bool,
+    pub facts: usize,
+}
 
 pub struct WindowStage;
 
 impl Stage for WindowStage {
+    type Details = WindowDetails;
+
     fn name(&self) -> StageName {
         StageName::Window
     }
 
-    fn enabled(&self, config: &super::PipelineConfig) -> bool {
+    fn enabled(&self, config: &PipelineConfig) -> bool {
         config.window.enabled
     }
 
-    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput {
+    fn apply(&self, request: &ChatRequest, cx: &StageCx<'_>) -> StageOutput<WindowDetails> {
         let (head, turns) = split_turns(&request.messages);
         let plan = plan_window(&turns, cx);
         if plan.start == 0 {
-            return StageOutput::unchanged(StageDetails::Window(WindowDetails {
+            return StageOutput::unchanged(WindowDetails {
                 turns: turns.len(),
                 verbatim_turns: turns.len(),
                 target: None,
                 reason: plan.reason,
                 summary: None,
-            }));
+            });
         }
         let (older, window) = turns.split_at(plan.start);
         let segments = summary::count(older, cx);
@@ -80,7 +120,7 @@ impl Stage for WindowStage {
                 &format!("<user_facts>\n{}\n</user_facts>", facts.lines.join("\n")),
             );
         }
-        let details = StageDetails::Window(WindowDetails {
+        let details = WindowDetails {
             turns: turns.len(),
             verbatim_turns: window.len(),
             target: Some(WindowTarget {
@@ -98,7 +138,7 @@ impl Stage for WindowStage {
                 answered_kept: !answered.is_empty(),
                 facts: facts.lines.len(),
             }),
-        });
+        };
         StageOutput {
             messages: Some(messages),
             tools: None,

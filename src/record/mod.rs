@@ -4,7 +4,7 @@
 //! bounded queue. A writer thread serializes and writes; when the queue is full the record is
 //! dropped and counted, so a slow disk never slows a request.
 
-mod config;
+pub mod config;
 mod entry;
 mod writer;
 
@@ -22,7 +22,7 @@ pub use entry::{Exchange, rfc3339};
 pub use writer::{RotatingFile, rotated_path};
 
 use crate::body::{BodyEnd, BodyObserver};
-use crate::metrics::RecordDrop;
+use crate::metrics::labels::RecordDrop;
 
 /// The most response bytes kept for one record; a larger answer is recorded without its body.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;

@@ -13,7 +13,7 @@ use prometheus::{IntCounter, IntCounterVec};
 
 use super::Message;
 use super::config::RecordConfig;
-use crate::metrics::RecordDrop;
+use crate::metrics::labels::RecordDrop;
 
 /// An append-only JSONL file with size-based rotation.
 pub struct RotatingFile {

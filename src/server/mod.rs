@@ -88,7 +88,7 @@ impl AppState {
     pub fn new(config: Config) -> Result<SharedState, StartError> {
         let upstreams = Upstreams::new(&config)?;
         let metrics = Metrics::new()?;
-        metrics.initialize(&config);
+        metrics.initialize(&config.upstream_names());
         let store = Store::new(&config.store, metrics.store())?;
         let recorder = Recorder::start(
             &config.record,
@@ -101,7 +101,7 @@ impl AppState {
         let tokenizers = Tokenizers::new(memory.token_counts_max_bytes, memory.idle());
         let memo = pipeline::Memo::new(memory);
         Ok(Arc::new(AppState {
-            model_labels: ModelLabels::new(&config),
+            model_labels: ModelLabels::new(config.model_names()),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
             body_readers: Arc::new(Semaphore::new(
                 config.server.concurrency_limit * BODY_READERS_PER_SLOT,

@@ -19,7 +19,7 @@ use self::breaker::Breaker;
 pub use self::config::StoreConfig;
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
-use crate::metrics::StoreOp;
+use crate::metrics::labels::StoreOp;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

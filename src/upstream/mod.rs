@@ -2,6 +2,7 @@
 //! timeouts (connect, first byte, total), and the retry rule (only when the connection failed,
 //! so no byte of the request was sent).
 
+pub mod config;
 mod headers;
 
 use std::sync::Arc;

@@ -8,8 +8,8 @@ use std::sync::{Arc, LazyLock};
 use crate::bounded::Weigh;
 use crate::glob::glob_match;
 use crate::openai::Tool;
-use crate::pipeline::Memo;
 use crate::pipeline::config::ToolsConfig;
+use crate::pipeline::memo::Memo;
 use crate::pipeline::text::{content_words, first_sentence, normalize};
 
 /// Verbs common to whole APIs: they say nothing about which part of the API is meant.

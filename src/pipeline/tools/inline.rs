@@ -12,10 +12,15 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use super::block::sends_block_whole;
+use super::catalog::{Catalog, tool_name};
+use super::classify::{matched_of, turn_scores};
+use super::plan;
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, Tool};
-
-use super::catalog::tool_name;
-use crate::pipeline::config::Definitions;
+use crate::pipeline::config::{Definitions, PipelineConfig, ToolsConfig};
+use crate::pipeline::memo::Memo;
+use crate::pipeline::stage::{Params, StageCx};
+use crate::tokens::TokenCounter;
 
 /// The first line of a definitions message: what tells it apart, and what it tells the model.
 pub const HEADER: &str = "Full definitions of tools that the tools list gives by name only; call them with these parameters:";
@@ -205,6 +210,132 @@ pub fn insert(
     }
     out.extend(next.map(|(_, definitions)| definitions.clone()));
     out
+}
+
+/// The definitions messages of `placed`, each at its spot.
+pub(super) fn placed_definitions(placed: &[Placed], tools: &[Tool]) -> Vec<(usize, Message)> {
+    placed
+        .iter()
+        .map(|p| (p.at, message(tools, &p.names)))
+        .collect()
+}
+
+/// The definitions `request`'s rewrite places in its messages from the client's message
+/// `from` on (those at `from` itself only when an answer called them: the rest ended the
+/// rewrite of the request that sent the first `from` messages). What a conversation's next
+/// request appends to its earlier rewrite (`prefix`).
+pub fn definitions_from(
+    request: &ChatRequest,
+    from: usize,
+    config: &PipelineConfig,
+    counter: &TokenCounter,
+    memo: &Memo,
+) -> Vec<(usize, Message)> {
+    if sends_block_whole(request, config, counter) {
+        return Vec::new();
+    }
+    let Some(tools) = request.tools.get() else {
+        return Vec::new();
+    };
+    let params = Params::from_config(config);
+    let cx = StageCx {
+        config,
+        params: &params,
+        counter,
+        memo,
+        sticky_categories: &[],
+        original_messages: &request.messages,
+    };
+    let catalog = Catalog::memoized(tools, &config.tools, memo);
+    let plan = plan(&catalog, tools, request, &request.messages, &cx);
+    let placed: Vec<Placed> = plan
+        .placed
+        .into_iter()
+        .filter(|p| p.at > from || (p.at == from && p.answered))
+        .collect();
+    placed_definitions(&placed, tools)
+}
+
+/// What the conversation needed after its first turn, in order, each at the client's message
+/// it goes before: the tools an assistant message called (before it). With `words` (left-out
+/// tools removed: no re-ask can recover a miss), also the tools of the categories a later user
+/// message matched (scored as it was then) and, mid tool loop, the tools of the categories the
+/// loop used (before its next step, or last). With stubs, neither is predicted: a miss costs
+/// one re-ask, and on recorded agent traffic defining what they predicted cost more tokens
+/// than the re-asks it saved, at the same bill.
+pub(super) fn later_needs(
+    catalog: &Catalog,
+    messages: &[Message],
+    first: usize,
+    words: Option<&ToolsConfig>,
+) -> Vec<Placed> {
+    let loop_needs = |categories: &BTreeSet<&str>| -> Vec<String> {
+        let names: BTreeSet<String> = catalog
+            .categories
+            .iter()
+            .filter(|c| categories.contains(c.name.as_str()))
+            .flat_map(|c| c.tools.iter().cloned())
+            .collect();
+        names.into_iter().collect()
+    };
+    let mut needs = Vec::new();
+    let mut push = |at: usize, answered: bool, names: Vec<String>| {
+        if !names.is_empty() {
+            needs.push(Placed {
+                at,
+                answered,
+                names,
+            });
+        }
+    };
+    // The categories of the tools called since the last user message.
+    let mut loop_categories: BTreeSet<&str> = BTreeSet::new();
+    for (index, message) in messages.iter().enumerate() {
+        match message.role {
+            Role::User => {
+                loop_categories.clear();
+                if let Some(config) = words.filter(|_| index >= first) {
+                    let scores = turn_scores(catalog, &messages[..=index], config);
+                    let matched = matched_of(&scores, config);
+                    let names: BTreeSet<String> = catalog
+                        .categories
+                        .iter()
+                        .filter(|c| matched.contains(&c.name))
+                        .flat_map(|c| c.tools.iter().cloned())
+                        .collect();
+                    push(index, false, names.into_iter().collect());
+                }
+            }
+            Role::Assistant => {
+                let called: BTreeSet<String> = message
+                    .tool_calls()
+                    .iter()
+                    .map(|c| c.function.name.clone())
+                    .collect();
+                if index >= first {
+                    let after_tool = index
+                        .checked_sub(1)
+                        .and_then(|i| messages.get(i))
+                        .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
+                    if after_tool && words.is_some() {
+                        push(index, false, loop_needs(&loop_categories));
+                    }
+                    push(index, true, called.iter().cloned().collect());
+                }
+                for call in message.tool_calls() {
+                    loop_categories.extend(catalog.categories_of(&call.function.name));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mid_loop = messages
+        .last()
+        .is_some_and(|m| matches!(m.role, Role::Tool | Role::Function));
+    if mid_loop && words.is_some() {
+        push(messages.len(), false, loop_needs(&loop_categories));
+    }
+    needs
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use foldhash::quality::FixedState;
 use serde_json::json;
 
 use crate::openai::{FunctionDefinition, Nullable, Tool};
-use crate::pipeline::Memo;
+use crate::pipeline::memo::Memo;
 use crate::tokens::TokenCounter;
 
 use super::catalog::tool_name;

@@ -8,8 +8,9 @@ use std::hash::BuildHasher;
 use foldhash::quality::FixedState;
 
 use super::turns::Turn;
+use crate::pipeline::memo::Memo;
+use crate::pipeline::stage::StageCx;
 use crate::pipeline::text::{content_words, normalize, sentences, truncate_words};
-use crate::pipeline::{Memo, StageCx};
 
 #[derive(Debug, Default)]
 pub struct Section {

@@ -20,11 +20,11 @@ use foldhash::quality::FixedState;
 use serde_json::Value;
 
 use crate::openai::{Message, Role};
-use crate::pipeline::Memo;
 use crate::pipeline::identifiers::{
     call_label, is_strong_identifier, json_identifiers, prose_identifiers, prune,
     render_labelled_once,
 };
+use crate::pipeline::memo::Memo;
 use crate::pipeline::payload::{self, Payload};
 use crate::tokens::TokenCounter;
 

@@ -32,7 +32,7 @@ use super::summary;
 use super::turns::Turn;
 use crate::bounded::Weigh;
 use crate::openai::{Message, Role};
-use crate::pipeline::StageCx;
+use crate::pipeline::stage::StageCx;
 use crate::tokens::hash_message;
 
 /// The ledger's first line: the same bytes in every request.

@@ -1,3 +1,5 @@
+//! The window section's tests: the summary section built, appended to and folded.
+
 use super::*;
 use crate::openai::ChatRequest;
 use crate::pipeline::window::turns::split_turns;

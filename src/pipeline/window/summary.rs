@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::turns::Turn;
 use crate::openai::{Message, Role};
-use crate::pipeline::StageCx;
+use crate::pipeline::stage::StageCx;
 use crate::pipeline::text::{content_words, normalize, sentences, truncate_words};
 use crate::tokens::hash_message;
 

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 
 use crate::openai::{Message, Role};
-use crate::pipeline::StageCx;
 use crate::pipeline::config::WindowConfig;
+use crate::pipeline::stage::StageCx;
 use crate::pipeline::text::{bag, content_words, cosine, normalize};
 
 /// A user message and everything up to the next one (the first turn may have no user message).

@@ -169,6 +169,17 @@ impl<'a> ChatCall<'a> {
             && self.chat.tools.get().is_some_and(|t| !t.is_empty())
     }
 
+    /// Writes the parse to the log: labels, and what the recording keeps of the request.
+    pub fn log_parsed(&self, log: &mut CallLog) {
+        log.parsed(&self.labels, &self.chat.model, self.mode, || {
+            // The client's own conversation id when it sent one, else the derived one.
+            let headers = &self.parts.headers;
+            client_conversation_id(headers)
+                .or_else(|| self.conversation.clone())
+                .unwrap_or_else(|| conversation_id(&self.scope, headers, &self.chat))
+        });
+    }
+
     /// The rewrite phase: the pipeline, the budget's verdict and their metrics, and the body to
     /// send. A request over its budget with `on_exceed = "reject"` ends here.
     pub async fn rewrite(&self, log: &mut CallLog) -> Result<Outgoing, ProxyError> {
@@ -419,7 +430,7 @@ fn budget_of(headers: &HeaderMap, default: usize) -> Result<usize, ProxyError> {
 /// The conversation's recall pairs put back where their re-asks put them (`recall::replay`),
 /// counted in the tokens sent.
 fn put_back(rewrite: &mut Rewrite, client: &ChatRequest, recalls: &[Mark], counter: &TokenCounter) {
-    let prefix = rewrite.report.prefix.as_ref();
+    let prefix = rewrite.report.prefix.as_ref().map(Into::into);
     let sent = &mut rewrite.request.messages;
     let before = counter.messages(sent);
     if recall::replay(sent, &client.messages, prefix, recalls) > 0 {

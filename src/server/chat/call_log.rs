@@ -10,11 +10,9 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
 
-use super::call::ChatCall;
 use crate::body::TapBody;
-use crate::conversation::{client_conversation_id, conversation_id};
 use crate::metrics::{CacheOutcome, ChatLabels};
-use crate::pipeline::PipelineReport;
+use crate::pipeline::{Mode, PipelineReport};
 use crate::record::{Exchange, ResponseCapture};
 use crate::server::guarded::Flags;
 use crate::server::{RequestContext, SharedState};
@@ -95,20 +93,21 @@ impl CallLog {
         }
     }
 
-    /// The body parsed, and was routed.
-    pub fn parsed(&mut self, call: &ChatCall<'_>) {
-        self.labels = call.labels.clone();
+    /// The body parsed, and was routed: its metric labels, and for the recording its model,
+    /// mode and conversation (`conversation_id` is asked only of a recorded exchange).
+    pub fn parsed(
+        &mut self,
+        labels: &ChatLabels,
+        model: &str,
+        mode: Mode,
+        conversation_id: impl FnOnce() -> String,
+    ) {
+        self.labels = labels.clone();
         if let Some(exchange) = &mut self.record {
             exchange.request_is_json = true;
-            exchange.model = Some(call.chat.model.clone());
-            exchange.mode = Some(call.mode.as_str());
-            // The client's own conversation id when it sent one, else the derived one.
-            let headers = &call.parts.headers;
-            exchange.conversation_id = Some(
-                client_conversation_id(headers)
-                    .or_else(|| call.conversation.clone())
-                    .unwrap_or_else(|| conversation_id(&call.scope, headers, &call.chat)),
-            );
+            exchange.model = Some(model.to_owned());
+            exchange.mode = Some(mode.as_str());
+            exchange.conversation_id = Some(conversation_id());
         }
     }
 

@@ -63,7 +63,7 @@ async fn serve(
     let (parts, bytes) = call::read(state, request).await?;
     log.read(&bytes);
     let call = ChatCall::parse(state, context, parts, bytes, entry)?;
-    log.parsed(&call);
+    call.log_parsed(log);
     let outgoing = call.rewrite(log).await?;
     let keys = match call.look_up(&outgoing, log).await {
         Looked::Served(response) => return Ok(response),
