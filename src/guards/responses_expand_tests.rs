@@ -1,3 +1,5 @@
+//! Tests of the Responses stream expansion: events held, spliced and renumbered.
+
 use serde_json::{Value, json};
 
 use super::*;

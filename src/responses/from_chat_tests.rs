@@ -1,3 +1,5 @@
+//! Tests of `from_chat` and `to_chat`: Responses bodies read as chat and written back.
+
 use serde_json::{Value, json};
 
 use crate::openai::{Content, Message, Nullable, Role};
