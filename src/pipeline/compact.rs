@@ -401,7 +401,7 @@ fn stub(
     call: Option<&ToolCall>,
     text: &str,
     max_tokens: usize,
-    task: &TaskWords,
+    task: &TaskWords<'_>,
     counter: &TokenCounter,
 ) -> String {
     let label = call.map_or_else(

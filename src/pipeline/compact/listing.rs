@@ -2,6 +2,7 @@
 //! cut: the names that share words with what the user asked go first, so a catalog of 300
 //! actions keeps the dozen the task is about instead of the first forty. Pure.
 
+use std::cell::OnceCell;
 use std::collections::HashSet;
 
 use serde_json::Value;
@@ -20,23 +21,36 @@ const COMMON_WORDS: &[&str] = &[
 
 /// The words of what the user asked before a result, and of the call that produced it. Built
 /// from messages that come before the result only, so a stub stays the same on every later
-/// turn.
+/// turn; read only when a stub must be cut.
 #[derive(Debug, Default)]
-pub(super) struct TaskWords(HashSet<String>);
+pub struct TaskWords<'a> {
+    before: &'a [Message],
+    call: Option<&'a ToolCall>,
+    words: OnceCell<HashSet<String>>,
+}
 
-impl TaskWords {
-    pub(super) fn of(before: &[Message], call: Option<&ToolCall>) -> Self {
-        let mut words = HashSet::new();
-        let mut add = |text: &str| words.extend(words_of(text));
-        for message in before.iter().filter(|m| m.role == Role::User) {
-            if let Some(content) = message.content.get() {
-                add(&content.text());
+impl<'a> TaskWords<'a> {
+    pub fn of(before: &'a [Message], call: Option<&'a ToolCall>) -> Self {
+        TaskWords {
+            before,
+            call,
+            words: OnceCell::new(),
+        }
+    }
+
+    fn words(&self) -> &HashSet<String> {
+        self.words.get_or_init(|| {
+            let mut words = HashSet::new();
+            for message in self.before.iter().filter(|m| m.role == Role::User) {
+                if let Some(content) = message.content.get() {
+                    words.extend(words_of(&content.text()));
+                }
             }
-        }
-        if let Some(call) = call {
-            add(&call.function.arguments);
-        }
-        TaskWords(words)
+            if let Some(call) = self.call {
+                words.extend(words_of(&call.function.arguments));
+            }
+            words
+        })
     }
 
     /// The share of a name's words the task says (0 for a name with no word to tell).
@@ -45,7 +59,8 @@ impl TaskWords {
         if words.is_empty() {
             return 0.0;
         }
-        let said = words.iter().filter(|w| self.0.contains(*w)).count();
+        let task = self.words();
+        let said = words.iter().filter(|w| task.contains(*w)).count();
         said as f64 / words.len() as f64
     }
 }
@@ -53,7 +68,7 @@ impl TaskWords {
 /// The value with its listings cut to the names that share at least `min_share` of their words
 /// with the task, each from the most inclusive: one candidate per share that some name
 /// reaches, most names first. None when no listing has a name the task says.
-pub(super) fn cut_to_task(value: &Value, task: &TaskWords) -> Vec<Value> {
+pub(super) fn cut_to_task(value: &Value, task: &TaskWords<'_>) -> Vec<Value> {
     let mut shares = Vec::new();
     collect_shares(value, task, &mut shares);
     shares.retain(|&s| s > 0.0);
@@ -65,7 +80,7 @@ pub(super) fn cut_to_task(value: &Value, task: &TaskWords) -> Vec<Value> {
         .collect()
 }
 
-fn collect_shares(value: &Value, task: &TaskWords, out: &mut Vec<f64>) {
+fn collect_shares(value: &Value, task: &TaskWords<'_>, out: &mut Vec<f64>) {
     match value {
         Value::Object(map) => map.values().for_each(|v| collect_shares(v, task, out)),
         Value::Array(items) if is_listing(items) => {
@@ -81,7 +96,7 @@ fn collect_shares(value: &Value, task: &TaskWords, out: &mut Vec<f64>) {
     }
 }
 
-fn kept(value: &Value, task: &TaskWords, min_share: f64) -> Value {
+fn kept(value: &Value, task: &TaskWords<'_>, min_share: f64) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.iter()
@@ -153,8 +168,12 @@ mod tests {
 
     use super::*;
 
-    fn task(text: &str) -> TaskWords {
-        TaskWords::of(&[Message::text(Role::User, text)], None)
+    fn task(messages: &[Message]) -> TaskWords<'_> {
+        TaskWords::of(messages, None)
+    }
+
+    fn asked(text: &str) -> [Message; 1] {
+        [Message::text(Role::User, text)]
     }
 
     #[test]
@@ -178,7 +197,8 @@ mod tests {
         .map(str::to_owned)
         .collect();
         let value = json!({"category_actions": {"GITHUB": names}});
-        let cuts = cut_to_task(&value, &task("Create a commit, then list it"));
+        let asked = asked("Create a commit, then list it");
+        let cuts = cut_to_task(&value, &task(&asked));
         assert_eq!(
             cuts,
             [
@@ -191,9 +211,9 @@ mod tests {
     #[test]
     fn ids_and_short_lists_are_never_cut() {
         let ids = json!({"orders": ["#W1", "#W2", "#W3", "#W4", "#W5", "#W6", "#W7", "#W8"]});
-        assert!(cut_to_task(&ids, &task("order W1")).is_empty());
+        assert!(cut_to_task(&ids, &task(&asked("order W1"))).is_empty());
         let short = json!({"tools": ["get_commit", "create_commit"]});
-        assert!(cut_to_task(&short, &task("commit")).is_empty());
+        assert!(cut_to_task(&short, &task(&asked("commit"))).is_empty());
     }
 
     #[test]
