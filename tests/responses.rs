@@ -182,20 +182,61 @@ async fn a_stream_that_fails_midway_ends_with_a_responses_error_event() {
 }
 
 #[tokio::test]
-async fn a_chained_request_goes_as_the_client_wrote_it() {
+async fn a_chained_request_gets_only_its_tool_results_compacted() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
+    // What an agent chaining on a stored Response sends: the outputs of the calls the last
+    // answer made (the calls themselves are upstream), pretty-printed rows.
+    let rows: Vec<Value> = (0..12)
+        .map(|i| json!({"sku": format!("SKU-{i}"), "name": format!("Item number {i}"), "qty": i + 1}))
+        .collect();
     let mut body = agent_history(14);
     body["previous_response_id"] = json!("resp_123");
+    body["store"] = json!(true);
+    body["input"] = json!([
+        {"type": "function_call_output", "call_id": "call_up_1",
+         "output": serde_json::to_string_pretty(&json!({"order_id": 4711, "items": rows})).unwrap()},
+        {"type": "function_call_output", "call_id": "call_up_2", "output": "done"}
+    ]);
     let answer = post(
         &proxy,
         &body,
-        &[("X-Mock-Echo", "1"), ("X-Ctxproxy-Budget", "1500")],
+        &[("X-Mock-Echo", "1"), ("X-Ctxproxy-Budget", "50")],
     )
     .await;
-    assert_eq!(answer.status(), 200);
+    let status = answer.status();
     let answer: Value = answer.json().await.unwrap();
-    assert_eq!(answer["mock_echo"]["body"], body);
+    assert_eq!(status, 200, "{answer}");
+    let sent = &answer["mock_echo"]["body"];
+    // Nothing added, moved or left out; every field and the tools as the client wrote them.
+    for field in [
+        "previous_response_id",
+        "tools",
+        "instructions",
+        "store",
+        "include",
+        "text",
+    ] {
+        assert_eq!(sent[field], body[field], "{field}");
+    }
+    let (items, client) = (
+        sent["input"].as_array().unwrap(),
+        body["input"].as_array().unwrap(),
+    );
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[1], client[1]);
+    // The result is smaller and keeps every value.
+    let output = items[0]["output"].as_str().unwrap();
+    assert!(
+        output.len() < client[0]["output"].as_str().unwrap().len(),
+        "{output}"
+    );
+    for i in 0..12 {
+        assert!(
+            output.contains(&format!("SKU-{i}")) && output.contains(&format!("Item number {i}"))
+        );
+    }
+    assert_eq!(items[0]["call_id"], "call_up_1");
 }
 
 #[tokio::test]

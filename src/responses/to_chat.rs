@@ -72,11 +72,11 @@ impl Converted {
     }
 
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
-    /// it keeps valid ([`Converted::pairs_in_order`]). A chained request (`previous_response_id`,
-    /// `conversation`) goes as the client wrote it: its history is upstream, and its tool block
-    /// must stay the chain's.
+    /// it keeps valid ([`Converted::pairs_in_order`]), or a chained request
+    /// (`previous_response_id`, `conversation`), whose history is upstream: only the tool results
+    /// it sends are compacted (`pipeline::seen`), nothing is moved, left out or added.
     pub fn rewritable(&self) -> bool {
-        !super::is_chained(&self.body) && self.pairs_in_order()
+        super::is_chained(&self.body) || self.pairs_in_order()
     }
 
     /// Whether every tool message answers a call of the assistant message before it, with only

@@ -1,0 +1,141 @@
+//! A request whose history lives upstream (a chained Responses request: `previous_response_id`
+//! or `conversation`): only the new input is seen, and only that is rewritten, the way a
+//! conversation's new messages are appended between recompactions. Each tool result goes in its
+//! working-set form (every identifier and number kept: JSON without whitespace, MCP envelopes
+//! opened, lists of rows as tables), everything else as the client sent it. The tools go as the
+//! client wrote them, so the block is the same along the chain whatever a replica knows of it,
+//! and no context is added: no summary, stub, definition or recall tool.
+
+use std::borrow::Cow;
+
+use super::compact;
+use super::prefix::AppendDetails;
+use super::report::{PipelineReport, StageDetails, StageReport};
+use super::stage::StageName;
+use super::{Env, Rewrite, with_messages};
+use crate::openai::{ChatRequest, Message};
+
+/// Fields that say a request's history is upstream.
+const CHAIN_FIELDS: [&str; 2] = ["previous_response_id", "conversation"];
+
+/// Whether `request`'s history lives upstream (its body chains on a stored Response or a
+/// conversation).
+pub fn history_upstream(request: &ChatRequest) -> bool {
+    CHAIN_FIELDS
+        .iter()
+        .any(|key| request.extra.get(*key).is_some_and(|v| !v.is_null()))
+}
+
+/// The rewrite of what `request` sends. The budget is not applied: the upstream holds the rest
+/// of the context, which the proxy cannot judge, so the request always fits.
+pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+    let counter = env.counter;
+    let tokens_before = counter.request(request);
+    let mut compacted = 0;
+    let messages: Vec<Message> = request
+        .messages
+        .iter()
+        .map(
+            |message| match compact::appended(message, env.config, counter, env.memo) {
+                Some(smaller) => {
+                    compacted += 1;
+                    smaller
+                }
+                None => message.clone(),
+            },
+        )
+        .collect();
+    let (sent, tokens_after) = if compacted > 0 {
+        let sent = with_messages(Cow::Borrowed(request), messages);
+        let tokens = counter.request(&sent);
+        (sent, tokens)
+    } else {
+        (request.clone(), tokens_before)
+    };
+    let applied = tokens_after < tokens_before;
+    let stage = StageReport {
+        stage: StageName::Append,
+        tokens_before,
+        tokens_after: if applied { tokens_after } else { tokens_before },
+        applied,
+        details: StageDetails::Append(AppendDetails {
+            appended: request.messages.len(),
+            compacted,
+        }),
+    };
+    Rewrite {
+        request: if applied { sent } else { request.clone() },
+        report: PipelineReport {
+            tokens_before,
+            tokens_after: stage.tokens_after,
+            stages: vec![stage],
+            budget: env.budget,
+            fits: true,
+            over_budget: None,
+            prefix: None,
+        },
+        remember: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::pipeline::{Memo, PipelineConfig};
+    use crate::tokens::{Encoding, TokenCounter};
+
+    fn request(chained: bool) -> ChatRequest {
+        let rows: Vec<_> = (0..20)
+            .map(|i| json!({"id": format!("R{i}"), "avg": i as f64 / 3.0}))
+            .collect();
+        let mut body = json!({
+            "model": "gpt-5",
+            "messages": [
+                {"role": "tool", "tool_call_id": "call_up", "content": serde_json::to_string_pretty(&rows).unwrap()},
+                {"role": "user", "content": "And the next ones?"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "query", "parameters": {"type": "object"}}}]
+        });
+        if chained {
+            body["previous_response_id"] = json!("resp_1");
+        }
+        ChatRequest::parse(body.to_string().as_bytes()).expect("a request")
+    }
+
+    #[test]
+    fn only_a_chained_request_has_its_history_upstream() {
+        assert!(history_upstream(&request(true)));
+        assert!(!history_upstream(&request(false)));
+    }
+
+    #[test]
+    fn what_is_seen_is_compacted_and_nothing_is_added_or_left_out() {
+        let (config, memo) = (PipelineConfig::default(), Memo::default());
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let env = Env {
+            config: &config,
+            counter: &counter,
+            memo: &memo,
+            budget: 10,
+            sticky_categories: &[],
+            reinforcement: None,
+            remembered: None,
+        };
+        let client = request(true);
+        let rewrite = super::super::run(&client, &env);
+        let sent = &rewrite.request;
+        assert_eq!(sent.messages.len(), 2);
+        assert_eq!(sent.messages[1], client.messages[1]);
+        assert_eq!(sent.tools, client.tools);
+        let result = sent.messages[0].content_text();
+        assert!(result.len() < client.messages[0].content_text().len());
+        assert!(
+            (0..20).all(|i| result.contains(&format!("\"R{i}\""))),
+            "{result}"
+        );
+        assert!(rewrite.report.fits && rewrite.report.tokens_after < rewrite.report.tokens_before);
+        assert_eq!(rewrite.report.stages.len(), 1);
+    }
+}
