@@ -46,7 +46,7 @@ pub struct ChatCall<'a> {
     pub parts: Parts,
     /// The client's body, as received.
     pub bytes: Bytes,
-    pub chat: ChatRequest,
+    pub chat: Arc<ChatRequest>,
     /// A Responses API body, read as `chat`: what writing its rewrite back needs.
     pub responses: Option<Arc<responses::Converted>>,
     pub upstream: &'a Arc<Upstream>,
@@ -125,7 +125,7 @@ impl<'a> ChatCall<'a> {
             state,
             parts,
             bytes,
-            chat,
+            chat: Arc::new(chat),
             responses,
             upstream,
             mode,

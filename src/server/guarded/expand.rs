@@ -47,7 +47,8 @@ pub struct ExpandCall {
     /// Its streams were asked for usage.
     usage_asked: bool,
     request: ChatRequest,
-    client_tools: Vec<Tool>,
+    /// The client's request: its tools are what a re-ask defines in full.
+    client: Arc<ChatRequest>,
     /// The tools `request` offers as stubs.
     stubs: Vec<String>,
     /// The tools `request` defines only in its messages: their calls' arguments are checked.
@@ -112,22 +113,27 @@ pub struct Expanded {
     pub recalled: Vec<String>,
 }
 
+/// The tools the client offered (none when it offered none).
+fn tools_of(client: &ChatRequest) -> &[Tool] {
+    client.tools.get().map_or(&[], Vec::as_slice)
+}
+
 impl ExpandCall {
     /// `request`: the rewrite sent as `sent` (with `stream_usage`: its stream asked for usage on
     /// the client's behalf). `None` when it offers no stub.
     pub fn new(
         state: &SharedState,
         upstream: &Arc<Upstream>,
-        client: &ChatRequest,
+        client: &Arc<ChatRequest>,
         (request, stream_usage): (ChatRequest, bool),
         sent: Sent<'_>,
         labels: &ChatLabels,
         conversation: Conversation,
     ) -> Option<ExpandCall> {
-        let client_tools = client.tools.get()?.clone();
+        let client_tools = client.tools.get()?;
         let tools = request.tools.get()?;
-        let stubs = undefined_stubs(tools, &request.messages, &client_tools);
-        let defined = defined_stubs(tools, &request.messages, &client_tools);
+        let stubs = undefined_stubs(tools, &request.messages, client_tools);
+        let defined = defined_stubs(tools, &request.messages, client_tools);
         let recall = recall::offered(tools).then(|| Recall {
             originals: recall::originals(&request.messages, &client.messages),
             rounds: 0,
@@ -146,7 +152,7 @@ impl ExpandCall {
             deadline: sent.deadline,
             usage_asked: sent.usage_asked,
             request,
-            client_tools,
+            client: client.clone(),
             stubs,
             defined,
             arguments: ArgumentCheck::default(),
@@ -267,10 +273,10 @@ impl ExpandCall {
             } else {
                 self.upstream.pipeline().tools.definitions
             };
-            self.request = reask(&self.request, &self.client_tools, called, definitions);
+            self.request = reask(&self.request, tools_of(&self.client), called, definitions);
         } else {
             let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-            self.request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
+            self.request.tools = Nullable::Value(promote(tools, tools_of(&self.client), None));
             self.all_full = true;
         }
         self.body()
@@ -281,13 +287,13 @@ impl ExpandCall {
     /// template dropped the message, or the model misread it. Its later re-asks define tools
     /// in the block too.
     fn define_in_block(&mut self, failed: &Failed) -> Result<Bytes, ProxyError> {
-        self.request = match inline::in_block_instead(&self.request, &self.client_tools) {
+        self.request = match inline::in_block_instead(&self.request, tools_of(&self.client)) {
             Some(in_block) => in_block,
             None => {
                 let mut request = self.request.clone();
                 let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
                 let names = Some(failed.tools.as_slice());
-                request.tools = Nullable::Value(promote(tools, &self.client_tools, names));
+                request.tools = Nullable::Value(promote(tools, tools_of(&self.client), names));
                 request
             }
         };
@@ -309,8 +315,8 @@ impl ExpandCall {
     /// What the request now offers as stubs and defines only in its messages.
     fn watch(&mut self) {
         let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        self.stubs = undefined_stubs(tools, &self.request.messages, &self.client_tools);
-        self.defined = defined_stubs(tools, &self.request.messages, &self.client_tools);
+        self.stubs = undefined_stubs(tools, &self.request.messages, tools_of(&self.client));
+        self.defined = defined_stubs(tools, &self.request.messages, tools_of(&self.client));
     }
 
     /// The checked tools a JSON answer calls with arguments that fail their schema.
@@ -318,7 +324,7 @@ impl ExpandCall {
         if self.defined.is_empty() {
             return None;
         }
-        self.arguments.watch(&self.client_tools, &self.defined);
+        self.arguments.watch(tools_of(&self.client), &self.defined);
         let calls = calls_in(answer);
         self.arguments
             .failing(calls.iter().map(|(n, a)| (n.as_str(), a.as_str())))
@@ -350,7 +356,7 @@ impl ExpandCall {
     pub fn all_full(&self) -> Option<Bytes> {
         let tools = self.request.tools.get()?;
         let mut request = self.request.clone();
-        request.tools = Nullable::Value(promote(tools, &self.client_tools, None));
+        request.tools = Nullable::Value(promote(tools, tools_of(&self.client), None));
         self.serialized(&request)
             .ok()
             .map(|body| self.as_sent(body))
@@ -380,7 +386,7 @@ impl ExpandCall {
             learned::learn(&self.state, &self.upstream, Lesson::Drops);
         }
         let in_block = (answer.response.status() == StatusCode::BAD_REQUEST)
-            .then(|| inline::in_block_instead(&self.request, &self.client_tools))
+            .then(|| inline::in_block_instead(&self.request, tools_of(&self.client)))
             .flatten();
         let Some(in_block) = in_block else {
             return Ok((answer, body));
@@ -700,7 +706,7 @@ impl Splicer for ResponsesExpandStream {
 async fn relay<S: Splicer>(mut call: ExpandCall, first: Body, events: &Events, mut rewriter: S) {
     rewriter
         .arguments()
-        .watch(&call.client_tools, &call.defined);
+        .watch(tools_of(&call.client), &call.defined);
     let mut body = first;
     let mut expanded: Vec<String> = Vec::new();
     let expanding = Instant::now();
@@ -754,7 +760,7 @@ async fn relay<S: Splicer>(mut call: ExpandCall, first: Body, events: &Events, m
                 rewriter.re_asked(call.watched());
                 rewriter
                     .arguments()
-                    .watch(&call.client_tools, &call.defined);
+                    .watch(tools_of(&call.client), &call.defined);
                 body = next;
             }
             // The error event says why: the upstream's timeout, failure, or answer.
