@@ -158,10 +158,39 @@ fn approximate_bytes(request: &crate::openai::ChatRequest) -> usize {
                 .sum::<usize>()
             + 64
     };
-    let tools = request.tools.get().map_or(0, |tools| {
-        serde_json::to_string(tools).map_or(0, |t| t.len())
-    });
+    let tools = request
+        .tools
+        .get()
+        .map_or(0, |tools| tools.iter().map(tool_bytes).sum());
     request.messages.iter().map(message).sum::<usize>() + tools
+}
+
+/// About how many bytes a tool definition holds, read without writing it out.
+fn tool_bytes(tool: &crate::openai::Tool) -> usize {
+    let extra = |extra: &crate::openai::Extra| {
+        extra
+            .iter()
+            .map(|(k, v)| k.len() + value_bytes(v))
+            .sum::<usize>()
+    };
+    let function = tool.function.as_ref().map_or(0, |f| {
+        f.name.len()
+            + f.description.get().map_or(0, String::len)
+            + f.parameters.get().map_or(0, value_bytes)
+            + extra(&f.extra)
+    });
+    64 + tool.kind.len() + function + extra(&tool.extra)
+}
+
+/// About how many bytes a JSON value holds: its strings and keys, and a few per node.
+fn value_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    8 + match value {
+        Value::String(text) => text.len(),
+        Value::Array(items) => items.iter().map(value_bytes).sum(),
+        Value::Object(map) => map.iter().map(|(k, v)| k.len() + value_bytes(v)).sum(),
+        _ => 0,
+    }
 }
 
 #[cfg(test)]

@@ -364,20 +364,32 @@ fn flat_tool(tool: &Tool) -> Value {
     flat.insert("type".into(), Value::String(tool.kind.clone()));
     if let Some(function) = &tool.function {
         flat.insert("name".into(), Value::String(function.name.clone()));
-        if let Ok(description) = serde_json::to_value(&function.description)
-            && !function.description.is_absent()
-        {
-            flat.insert("description".into(), description);
-        }
-        if let Ok(parameters) = serde_json::to_value(&function.parameters)
-            && !function.parameters.is_absent()
-        {
-            flat.insert("parameters".into(), parameters);
-        }
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(value) = value {
+                flat.insert(key.into(), value);
+            }
+        };
+        put(
+            "description",
+            nullable_value(&function.description, |d| Value::String(d.clone())),
+        );
+        put(
+            "parameters",
+            nullable_value(&function.parameters, Value::clone),
+        );
         flat.extend(function.extra.clone());
     }
     flat.extend(tool.extra.clone());
     Value::Object(flat)
+}
+
+/// A field as written: absent, `null`, or its value.
+fn nullable_value<T>(field: &Nullable<T>, value: impl Fn(&T) -> Value) -> Option<Value> {
+    match field {
+        Nullable::Absent => None,
+        Nullable::Null => Some(Value::Null),
+        Nullable::Value(v) => Some(value(v)),
+    }
 }
 
 fn tool_choice_value(converted: &Converted, rewritten: &ChatRequest) -> Option<Value> {
