@@ -182,7 +182,7 @@ async fn a_stream_that_fails_midway_ends_with_a_responses_error_event() {
 }
 
 #[tokio::test]
-async fn a_chained_request_gets_only_its_tool_results_compacted() {
+async fn a_chained_request_gets_only_its_json_results_sent_without_whitespace() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
     // What an agent chaining on a stored Response sends: the outputs of the calls the last

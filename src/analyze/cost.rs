@@ -314,7 +314,7 @@ pub fn cost(
             reinforcement: None,
             remembered: None,
         };
-        let rewrite = pipeline::run(request, &env);
+        let rewrite = line_request.rewrite(&env);
         if !rewrite.report.fits {
             report.over_budget += 1;
         }

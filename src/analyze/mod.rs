@@ -141,6 +141,15 @@ impl LineRequest {
         })
     }
 
+    /// The line's rewrite, as the proxy makes it: a chained Responses body (its history
+    /// upstream) gets only what it sends rewritten (`pipeline::seen`).
+    pub fn rewrite(&self, env: &pipeline::Env<'_>) -> pipeline::Rewrite {
+        match &self.responses {
+            Some(converted) if converted.chained() => pipeline::seen::run(&self.chat, env),
+            _ => pipeline::run(&self.chat, env),
+        }
+    }
+
     /// The body that sends `rewritten`, in the line's own API.
     pub fn body_of(&self, rewritten: &ChatRequest) -> Value {
         match &self.responses {
@@ -240,7 +249,7 @@ pub fn analyze(
             reinforcement: None,
             remembered: None,
         };
-        let rewrite = pipeline::run(request, &env);
+        let rewrite = line_request.rewrite(&env);
         micros.push(started.elapsed().as_secs_f64() * 1e6);
         analysis
             .fidelity

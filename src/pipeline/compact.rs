@@ -295,6 +295,22 @@ pub(super) fn appended(
     Some(message)
 }
 
+/// A tool result with only the whitespace between its JSON tokens taken out (byte for byte
+/// otherwise), when it is text holding JSON: the one change that loses nothing, for a request
+/// whose results have no way back (`seen.rs`). Content parts are left as they are.
+pub(super) fn minified_result(message: &Message) -> Option<Message> {
+    if !matches!(message.role, Role::Tool | Role::Function) {
+        return None;
+    }
+    let Nullable::Value(Content::Text(text)) = &message.content else {
+        return None;
+    };
+    let minified = minified(text)?;
+    let mut message = message.clone();
+    set_text(&mut message, minified);
+    Some(message)
+}
+
 fn set_text(message: &mut Message, text: String) {
     message.content = Nullable::Value(Content::Text(text));
 }

@@ -117,11 +117,7 @@ fn stages() -> [&'static dyn Reported; 4] {
 /// The rewrite of `request`: rebuilt whole when that pays for the provider's prompt cache it
 /// invalidates, else the conversation's last rewrite with the new messages appended
 /// (`prefix.rs`).
-/// A request whose history lives upstream gets only what it sends rewritten (`seen.rs`).
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    if seen::history_upstream(request) {
-        return seen::run(request, env);
-    }
     // The recall tool is the proxy's, allowed beside the budget: offering it never makes the
     // stages cut more of the client's context. The report says the client's budget; what is
     // over it is counted past the allowance.

@@ -1,10 +1,10 @@
 //! A request whose history lives upstream (a chained Responses request: `previous_response_id`
-//! or `conversation`): only the new input is seen, and only that is rewritten, the way a
-//! conversation's new messages are appended between recompactions. Each tool result goes in its
-//! working-set form (every identifier and number kept: JSON without whitespace, MCP envelopes
-//! opened, lists of rows as tables), everything else as the client sent it. The tools go as the
-//! client wrote them, so the block is the same along the chain whatever a replica knows of it,
-//! and no context is added: no summary, stub, definition or recall tool.
+//! or `conversation`): only the new input is seen, and only that is rewritten. A cut tool
+//! result has no way back here (no stub, no recall tool), so the only change is one that loses
+//! nothing: a text result holding JSON is sent without the whitespace between its tokens, byte
+//! for byte otherwise. Everything else goes as the client sent it. The tools go as the client
+//! wrote them, so the block is the same along the chain whatever a replica knows of it, and no
+//! context is added: no summary, stub, definition or recall tool.
 
 use std::borrow::Cow;
 
@@ -15,28 +15,18 @@ use super::stage::StageName;
 use super::{Env, Rewrite, with_messages};
 use crate::openai::{ChatRequest, Message};
 
-/// Fields that say a request's history is upstream.
-const CHAIN_FIELDS: [&str; 2] = ["previous_response_id", "conversation"];
-
-/// Whether `request`'s history lives upstream (its body chains on a stored Response or a
-/// conversation).
-pub fn history_upstream(request: &ChatRequest) -> bool {
-    CHAIN_FIELDS
-        .iter()
-        .any(|key| request.extra.get(*key).is_some_and(|v| !v.is_null()))
-}
-
 /// The rewrite of what `request` sends. The budget is not applied: the upstream holds the rest
 /// of the context, which the proxy cannot judge, so the request always fits.
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let counter = env.counter;
     let tokens_before = counter.request(request);
     let mut compacted = 0;
+    let enabled = env.config.compact.enabled;
     let messages: Vec<Message> = request
         .messages
         .iter()
         .map(
-            |message| match compact::appended(message, env.config, counter, env.memo) {
+            |message| match compact::minified_result(message).filter(|_| enabled) {
                 Some(smaller) => {
                     compacted += 1;
                     smaller
@@ -83,10 +73,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::openai::{Content, ContentPart, Nullable, Role};
     use crate::pipeline::{Memo, PipelineConfig};
     use crate::tokens::{Encoding, TokenCounter};
 
-    fn request(chained: bool) -> ChatRequest {
+    fn request() -> ChatRequest {
         let rows: Vec<_> = (0..20)
             .map(|i| json!({"id": format!("R{i}"), "avg": i as f64 / 3.0}))
             .collect();
@@ -98,16 +89,8 @@ mod tests {
             ],
             "tools": [{"type": "function", "function": {"name": "query", "parameters": {"type": "object"}}}]
         });
-        if chained {
-            body["previous_response_id"] = json!("resp_1");
-        }
+        body["previous_response_id"] = json!("resp_1");
         ChatRequest::parse(body.to_string().as_bytes()).expect("a request")
-    }
-
-    #[test]
-    fn only_a_chained_request_has_its_history_upstream() {
-        assert!(history_upstream(&request(true)));
-        assert!(!history_upstream(&request(false)));
     }
 
     #[test]
@@ -123,8 +106,8 @@ mod tests {
             reinforcement: None,
             remembered: None,
         };
-        let client = request(true);
-        let rewrite = super::super::run(&client, &env);
+        let client = request();
+        let rewrite = run(&client, &env);
         let sent = &rewrite.request;
         assert_eq!(sent.messages.len(), 2);
         assert_eq!(sent.messages[1], client.messages[1]);
@@ -137,5 +120,22 @@ mod tests {
         );
         assert!(rewrite.report.fits && rewrite.report.tokens_after < rewrite.report.tokens_before);
         assert_eq!(rewrite.report.stages.len(), 1);
+    }
+
+    #[test]
+    fn text_that_is_not_json_and_content_parts_are_left_as_they_are() {
+        let mut client = request();
+        client.messages[0].content = Nullable::Value(Content::Parts(vec![ContentPart {
+            kind: "text".into(),
+            text: Nullable::Value("{\n \"id\": 1\n}".into()),
+            extra: Default::default(),
+        }]));
+        client.messages.insert(
+            1,
+            Message::text(Role::Tool, "line one\n\n  line two   with spaces"),
+        );
+        for message in &client.messages {
+            assert!(compact::minified_result(message).is_none(), "{message:?}");
+        }
     }
 }

@@ -163,11 +163,11 @@ fn written<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Vec<(&'a st
 fn origins(converted: &Converted, messages: &[Message]) -> Vec<Origin> {
     let start = usize::from(converted.instructions);
     let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::new();
-    let mut by_call: HashMap<&str, usize> = HashMap::new();
+    let mut by_call: HashMap<&str, Vec<usize>> = HashMap::new();
     for (k, unit) in converted.units.iter().enumerate().skip(start) {
         by_hash.entry(key(&unit.message)).or_default().push(k);
         if let Some(id) = unit.message.tool_call_id.get() {
-            by_call.entry(id.as_str()).or_insert(k);
+            by_call.entry(id.as_str()).or_default().push(k);
         }
     }
     let mut upper = converted.units.len();
@@ -189,8 +189,8 @@ fn origins(converted: &Converted, messages: &[Message]) -> Vec<Origin> {
             let compacted = (message.role == Role::Tool)
                 .then(|| message.tool_call_id.get())
                 .flatten()
-                .and_then(|id| by_call.get(id.as_str()).copied())
-                .filter(|&k| k < upper);
+                .and_then(|id| by_call.get(id.as_str()))
+                .and_then(|units| units.iter().rev().copied().find(|&k| k < upper));
             match compacted {
                 Some(unit) => {
                     upper = unit;
@@ -295,7 +295,16 @@ fn input_field<'a>(
 fn tools_field<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Option<Field<'a>> {
     let tools = match &rewritten.tools {
         Nullable::Value(tools) if !tools.is_empty() => tools,
-        Nullable::Value(_) | Nullable::Absent => return None,
+        // The client's own empty list stays; a list the rewrite emptied goes.
+        Nullable::Value(_) => {
+            return match converted.body.get("tools") {
+                Some(empty @ Value::Array(client)) if client.is_empty() => {
+                    Some(Field::Value(Cow::Borrowed(empty)))
+                }
+                _ => None,
+            };
+        }
+        Nullable::Absent => return None,
         Nullable::Null => return Some(Field::Value(Cow::Owned(Value::Null))),
     };
     let client: &[Value] = match converted.body.get("tools") {

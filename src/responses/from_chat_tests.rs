@@ -452,3 +452,52 @@ fn a_kept_tool_goes_as_the_client_wrote_it_and_a_changed_one_does_not() {
         json!({"type": "function", "name": "b", "parameters": {"type": "object", "properties": {}}})
     );
 }
+
+#[test]
+fn a_chained_body_is_rewritable_only_when_its_items_stay_where_they_are() {
+    let chained = |input: Value| {
+        body(json!({"model": "m", "previous_response_id": "resp_1", "input": input}))
+    };
+    let pretty = "{\n  \"id\": 1\n}";
+    let (_, in_order) = to_chat(chained(json!([
+        {"type": "function_call_output", "call_id": "c1", "output": pretty},
+        {"type": "function_call_output", "call_id": "c2", "output": "done"}
+    ])))
+    .expect("converts");
+    assert!(in_order.rewritable());
+    // A call answered later would be moved next to its answer: sent as written.
+    let (_, held) = to_chat(chained(json!([
+        {"type": "custom_tool_call", "call_id": "x1", "name": "shell", "input": "ls"},
+        {"type": "function_call_output", "call_id": "c1", "output": pretty},
+        {"type": "custom_tool_call_output", "call_id": "x1", "output": "a.txt"}
+    ])))
+    .expect("converts");
+    assert!(!held.rewritable());
+    // A compaction item would leave earlier items out: sent as written.
+    let (_, compacted) = to_chat(chained(json!([
+        {"role": "user", "content": "hi"},
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "x"},
+        {"type": "function_call_output", "call_id": "c1", "output": pretty}
+    ])))
+    .expect("converts");
+    assert!(!compacted.rewritable());
+}
+
+#[test]
+fn a_compacted_output_is_the_latest_with_its_call_id() {
+    let client = json!({"model": "m", "previous_response_id": "resp_1", "input": [
+        {"type": "function_call_output", "call_id": "c1", "output": "[1, 2]"},
+        {"type": "function_call_output", "call_id": "c1", "output": "[3, 4]"}
+    ]});
+    let (chat, converted) = to_chat(body(client.clone())).expect("converts");
+    let mut rewritten = chat.clone();
+    rewritten.messages[1].content = Nullable::Value(Content::Text("[3,4]".into()));
+    let back = from_chat(&converted, &rewritten);
+    assert_eq!(
+        back["input"],
+        json!([
+            {"type": "function_call_output", "call_id": "c1", "output": "[1, 2]"},
+            {"type": "function_call_output", "call_id": "c1", "output": "[3,4]"}
+        ])
+    );
+}

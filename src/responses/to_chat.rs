@@ -40,6 +40,9 @@ pub struct Converted {
     pub(super) tool_choice: Option<(Value, Value)>,
     /// Items left out because a later `compaction` item stands for them.
     pub compacted_items: usize,
+    /// No item was moved to keep a call with its answer: the units hold the items in the
+    /// client's order.
+    pub(super) in_client_order: bool,
 }
 
 /// One chat message and the client's items it stands for.
@@ -71,12 +74,22 @@ impl Converted {
         crate::cache::responses::cacheable(&self.body)
     }
 
+    /// Whether the history lives upstream (`previous_response_id`, `conversation`): only what
+    /// the body sends is rewritten (`pipeline::seen`).
+    pub fn chained(&self) -> bool {
+        super::is_chained(&self.body)
+    }
+
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
-    /// it keeps valid ([`Converted::pairs_in_order`]), or a chained request
-    /// (`previous_response_id`, `conversation`), whose history is upstream: only the tool results
-    /// it sends are compacted (`pipeline::seen`), nothing is moved, left out or added.
+    /// it keeps valid ([`Converted::pairs_in_order`]), or a chained request whose items were
+    /// read in the client's order with none left out (what `pipeline::seen` changes is only the
+    /// bytes of an output, so nothing may move).
     pub fn rewritable(&self) -> bool {
-        super::is_chained(&self.body) || self.pairs_in_order()
+        if self.chained() {
+            self.in_client_order && self.compacted_items == 0
+        } else {
+            self.pairs_in_order()
+        }
     }
 
     /// Whether every tool message answers a call of the assistant message before it, with only
@@ -166,6 +179,7 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
     // it), so the two are carried by the same message and kept or left out together.
     let mut held: Vec<Value> = Vec::new();
     let mut open_assistant: Option<usize> = None;
+    let mut in_client_order = true;
     for (at, (raw, read)) in input.into_iter().zip(start).enumerate() {
         let Some(item) = raw.as_object().filter(|_| read) else {
             continue;
@@ -225,6 +239,7 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
                         .count();
                     held.extend(trailing.drain(trailing.len() - reasoning..));
                     held.push(raw);
+                    in_client_order = false;
                 }
                 Some(Paired::Answer(id)) => {
                     let call = held.iter().position(|h| {
@@ -291,6 +306,7 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         instructions,
         tool_choice,
         compacted_items,
+        in_client_order,
     };
     Ok((chat, converted))
 }

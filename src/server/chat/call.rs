@@ -303,19 +303,23 @@ impl<'a> ChatCall<'a> {
             .tokenizers
             .for_model(&self.chat.model, self.upstream.config.tokenizer);
         let started = Instant::now();
-        let mut rewrite = pipeline::run(
-            &self.chat,
-            &pipeline::Env {
-                config,
-                counter,
-                memo: &state.memo,
-                budget,
-                sticky_categories: &sticky,
-                reinforcement: Some(&self.upstream.config.guards.reinforcement),
-                remembered,
-            },
-        );
-        if !recalls.is_empty() {
+        let env = pipeline::Env {
+            config,
+            counter,
+            memo: &state.memo,
+            budget,
+            sticky_categories: &sticky,
+            reinforcement: Some(&self.upstream.config.guards.reinforcement),
+            remembered,
+        };
+        // A chained Responses request: its history is upstream, only what it sends is seen.
+        let chained = self.responses.as_ref().is_some_and(|c| c.chained());
+        let mut rewrite = if chained {
+            pipeline::seen::run(&self.chat, &env)
+        } else {
+            pipeline::run(&self.chat, &env)
+        };
+        if !recalls.is_empty() && !chained {
             put_back(&mut rewrite, &self.chat, &recalls, counter);
         }
         state
