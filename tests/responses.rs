@@ -240,6 +240,33 @@ async fn a_chained_request_gets_only_its_json_results_sent_without_whitespace() 
 }
 
 #[tokio::test]
+async fn a_chat_body_with_a_conversation_field_gets_the_whole_pipeline() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let mut messages = vec![json!({"role": "system", "content": "You are a travel agent."})];
+    for k in 0..30 {
+        messages.push(json!({"role": "user", "content": format!("Plan day {k} of my trip to Lisbon, with museums and food.")}));
+        messages.push(json!({"role": "assistant", "content": format!("Day {k}: {}", "visit a museum, lunch by the river, a walk in Alfama. ".repeat(6))}));
+    }
+    messages.push(json!({"role": "user", "content": "And the last day?"}));
+    // Chat Completions has no such field: only a Responses body chains on it.
+    let body = json!({"model": "gpt-4o", "messages": messages, "conversation": "conv_1"});
+    let explained = proxy.explain(&body, &[("X-Ctxproxy-Budget", "600")]).await;
+    let stages: Vec<&str> = explained["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["stage"].as_str())
+        .collect();
+    assert!(stages.contains(&"window"), "{stages:?}");
+    assert!(
+        explained["tokens_after"].as_u64() < Some(700),
+        "{explained}"
+    );
+    assert_eq!(explained["request"]["conversation"], "conv_1");
+}
+
+#[tokio::test]
 async fn bad_input_gets_clear_errors_and_unknown_items_pass_in_place() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;
