@@ -22,10 +22,11 @@ expanded; 2 on a usage error or when a process does not start.
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+
+from procs import free_port, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("CTXPROXY_BIN", os.path.join(ROOT, "target", "release", "ctxproxy"))
@@ -55,27 +56,6 @@ TOOLS = [
             "required": ["to", "subject", "body"]}}},
 ]
 QUESTION = "What is the weather in Paris tomorrow?"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, path, proc):
-    for _ in range(100):
-        if proc.poll() is not None:
-            sys.exit(f"process on port {port} exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", path)
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"nothing answers on 127.0.0.1:{port}{path}")
 
 
 def start(latency_ms):

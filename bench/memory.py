@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+from procs import free_port, wait_ready
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("CTXPROXY_BIN", os.path.join(ROOT, "target", "release", "ctxproxy"))
 DATA = os.environ.get("DATA", os.path.join(ROOT, "..", "shared", "data"))
@@ -45,29 +47,6 @@ MB = 1024 * 1024
 # is log lines of text), "blob" (two turns, the result is a file's metadata and its content in
 # base64, as the GitHub API returns it).
 SHAPE = os.environ.get("SHAPE", "two_turns")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, path, proc):
-    for _ in range(200):
-        if proc.poll() is not None:
-            print(f"process on port {port} exited with {proc.returncode}", file=sys.stderr)
-            sys.exit(2)
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", path)
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    print(f"nothing answers on 127.0.0.1:{port}{path}", file=sys.stderr)
-    sys.exit(2)
 
 
 def redis_answers():

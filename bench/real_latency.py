@@ -67,12 +67,13 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from procs import free_port, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
@@ -111,29 +112,6 @@ def log(msg):
 def die(msg, code=2):
     log(f"error: {msg}")
     sys.exit(code)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, path, proc, name):
-    for _ in range(300):
-        if proc.poll() is not None:
-            die(f"{name} exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", path)
-            ok = conn.getresponse().status == 200
-            conn.close()
-            if ok:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    die(f"{name} does not answer on 127.0.0.1:{port}{path}")
 
 
 def stop(proc):

@@ -22,10 +22,11 @@ measures "before"), `MOCK_BIN` the mock's (the same by default). Prints one row 
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+
+from procs import free_port, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("CTXPROXY_BIN", os.path.join(ROOT, "target", "release", "ctxproxy"))
@@ -34,27 +35,6 @@ HEADER = "Full definitions of tools that the tools list gives by name only"
 MODES = ["in_place", "reject", "drop"]
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
          "array": list, "object": dict}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, path, proc):
-    for _ in range(100):
-        if proc.poll() is not None:
-            sys.exit(f"process on port {port} exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", path)
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"nothing answers on 127.0.0.1:{port}{path}")
 
 
 def start_proxy(mock_port):
