@@ -4,6 +4,7 @@
     cargo build --release
     python3 bench/memory.py distinct [N] [KB]     # N (400) requests, each a distinct KB (1024) tool result
     python3 bench/memory.py soak [MINUTES] [FILE…] # replay of the dev files for MINUTES (20)
+    python3 bench/memory.py streams [N]            # idle RSS, and with N (1,000) streams in flight
 
 Starts `ctxproxy mock-upstream` and `ctxproxy serve` (config.toml; the store is Redis when one
 answers at CTXPROXY_STORE_REDIS_URL / redis://127.0.0.1:6379, else memory; its keys go under a
@@ -19,6 +20,10 @@ the idle RSS.
 `soak`: `ctxproxy replay` of the dev files (tau2 dev, the MCPMark files, the GitHub tool
 results) at RATE (20) requests/s for MINUTES, RSS sampled every 10 s; prints the samples and the
 spread of the last half around its mean. Target: within ±10%.
+
+`streams`: the RSS of a proxy just started (`serve`, nothing sent) and after one request, then
+with N streamed agent requests (each ~6 KB, a conversation of its own) in flight at once: the
+mock streams 10 tokens/s, and the RSS is sampled while every stream is open. Targets (issue 34): idle ≤ 60 MB; ≤ 100 MB with 1,000 streams in flight.
 
 Exit 1 when a target is missed, 2 on a usage error or when a process does not start.
 """
@@ -59,9 +64,10 @@ def redis_answers():
         return False
 
 
-def start(logdir):
+def start(logdir, mock_args=()):
     mock_port, proxy_port = free_port(), free_port()
-    mock = subprocess.Popen([BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}"],
+    mock = subprocess.Popen([BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}",
+                             *mock_args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
     backend = "redis" if redis_answers() else "memory"
@@ -261,6 +267,78 @@ def soak(minutes, files):
             p.terminate()
 
 
+async def hold_stream(port, body, opened, done):
+    """One streamed request: counted in `opened` once its first chunk arrived, read to its end."""
+    import asyncio
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode()
+    writer.write(head + body)
+    await writer.drain()
+    seen = b""
+    while True:
+        chunk = await reader.read(65536)
+        if not chunk:
+            break
+        if opened is not None and b"data:" in seen + chunk:
+            opened.append(1)
+            opened = None
+        seen = chunk[-8:]
+    done.append(1)
+    writer.close()
+
+
+def streams(n):
+    import asyncio
+    logdir = tempfile.mkdtemp(prefix="ctxproxy-memory-")
+    procs, proxy, port, _ = start(logdir, ["--tokens-per-sec", "10"])
+    try:
+        time.sleep(2)
+        started = rss_mb(proxy.pid)
+        post(port, agent_request(10**6, 4))
+        time.sleep(2)
+        idle = rss_mb(proxy.pid)
+        bodies = []
+        for i in range(n):
+            body = json.loads(agent_request(i, 4))
+            body["stream"] = True
+            bodies.append(json.dumps(body).encode())
+        opened, done, peak = [], [], [0.0]
+
+        async def run():
+            tasks = [asyncio.create_task(hold_stream(port, b, opened, done)) for b in bodies]
+            all_open_rss = None
+            while len(done) < n:
+                await asyncio.sleep(0.2)
+                rss = rss_mb(proxy.pid)
+                peak[0] = max(peak[0], rss)
+                if all_open_rss is None and len(opened) == n:
+                    all_open_rss = rss
+                if all(t.done() for t in tasks):
+                    break
+            for t in tasks:
+                if t.exception():
+                    print(f"a stream failed: {t.exception()!r}", file=sys.stderr)
+            return all_open_rss
+
+        t0 = time.time()
+        all_open = asyncio.run(run())
+        print(f"{n} streams, {len(opened)} opened, {len(done)} ended, in {time.time() - t0:.1f} s")
+        time.sleep(3)
+        print(f"RSS 3 s after the last ended {rss_mb(proxy.pid):.0f} MB; caches (MB): "
+              f"{cache_bytes(port)}")
+        ok_idle, ok_peak = idle <= 60, peak[0] <= 100 and len(done) == n
+        print(f"RSS just started {started:.0f} MB, idle after one request {idle:.0f} MB "
+              f"(target ≤ 60: {'met' if ok_idle else 'MISSED'})")
+        print(f"RSS with every stream open {all_open or 0:.0f} MB, peak {peak[0]:.0f} MB "
+              f"(target ≤ 100: {'met' if ok_peak else 'MISSED'})")
+        return 0 if ok_idle and ok_peak else 1
+    finally:
+        for p in procs:
+            p.terminate()
+
+
 def main():
     if not os.path.exists(BIN):
         print(f"no binary at {BIN}: cargo build --release", file=sys.stderr)
@@ -278,6 +356,8 @@ def main():
             print(f"no data files in {DATA}", file=sys.stderr)
             return 2
         return soak(minutes, files)
+    if mode == "streams":
+        return streams(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
     print(__doc__, file=sys.stderr)
     return 2
 
