@@ -67,7 +67,7 @@ impl ArgumentCheck {
                 .filter_map(|t| t.function.as_ref())
                 .find(|f| &f.name == name)
                 .and_then(|f| f.parameters.get())
-                .cloned();
+                .map(|p| Value::clone(p));
             self.schemas.push(Schema {
                 name: name.clone(),
                 parameters,

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions` request body.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
@@ -302,9 +303,10 @@ pub struct FunctionDefinition {
     pub name: String,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
     pub description: Nullable<String>,
-    /// JSON Schema of the arguments.
+    /// JSON Schema of the arguments, shared: a request's tools are copied per stage and per
+    /// point of its history, and a schema is the deepest part of them.
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
-    pub parameters: Nullable<Value>,
+    pub parameters: Nullable<Arc<Value>>,
     #[serde(flatten)]
     pub extra: Extra,
 }

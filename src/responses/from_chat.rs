@@ -345,7 +345,7 @@ fn is_client_tool(tool: &Tool, json: &Value) -> bool {
         && same_field(
             json.get("parameters"),
             &function.parameters,
-            |theirs, ours| theirs == ours,
+            |theirs, ours| theirs == &**ours,
         )
         && tool.extra.is_empty()
         && json.len()
@@ -384,7 +384,7 @@ fn flat_tool(tool: &Tool) -> Value {
         );
         put(
             "parameters",
-            nullable_value(&function.parameters, Value::clone),
+            nullable_value(&function.parameters, |p| Value::clone(p)),
         );
         flat.extend(function.extra.clone());
     }

@@ -623,7 +623,7 @@ fn tools_of(body: &ResponsesBody) -> Result<Vec<Tool>, ProxyError> {
                 let parameters = match rest.remove("parameters") {
                     None => Nullable::Absent,
                     Some(Value::Null) => Nullable::Null,
-                    Some(value) => Nullable::Value(value),
+                    Some(value) => Nullable::Value(std::sync::Arc::new(value)),
                 };
                 Tool {
                     kind,

@@ -3,6 +3,7 @@
 //! definition (`server::chat::expand`), invisibly to the client (ARCHITECTURE.md, principle 9).
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use foldhash::quality::FixedState;
 use serde_json::json;
@@ -51,7 +52,7 @@ pub fn stub(tool: &Tool, max_tokens: usize, counter: &TokenCounter, memo: &Memo)
             description: description
                 .filter(|d| !d.is_empty())
                 .map_or(Nullable::Absent, |d| Nullable::Value(d.to_string())),
-            parameters: Nullable::Value(json!({"type": "object", "properties": {}})),
+            parameters: Nullable::Value(Arc::new(json!({"type": "object", "properties": {}}))),
             extra: Default::default(),
         }),
         extra: tool.extra.clone(),
