@@ -230,6 +230,12 @@ impl Weigh for usize {
     }
 }
 
+impl Weigh for f64 {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
 impl Weigh for u32 {
     fn heap_bytes(&self) -> usize {
         0

@@ -77,7 +77,7 @@ impl Stage for ToolsStage {
         let original = cx.original_messages;
         let plan = plan(&catalog, tools, request, original, cx);
         // Scores of the current turn, for the report (the block was decided at the first).
-        let scores = turn_scores(&catalog, original, config);
+        let scores = turn_scores(&catalog, original, config, cx.memo);
 
         let offered = tools.len();
         // Left-out tools become stubs in place (the block keeps the client's order), unless
@@ -112,8 +112,11 @@ impl Stage for ToolsStage {
         }
         let stubbed = forms.values().filter(|f| f.is_stub()).count();
         let scores = scores
-            .into_iter()
-            .map(|(name, (score, keywords))| (name, CategoryScore { score, keywords }))
+            .iter()
+            .map(|(name, (score, keywords))| {
+                let keywords = keywords.clone();
+                (name.clone(), CategoryScore { score: *score, keywords })
+            })
             .collect();
         let details = ToolsDetails {
             sent: Some(kept.len() - stubbed),
@@ -183,7 +186,7 @@ fn plan(
     } else {
         &[]
     };
-    let block = first_turn_block(catalog, tools, &original[..first], sticky, config);
+    let block = first_turn_block(catalog, tools, &original[..first], sticky, config, cx.memo);
     let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
     // `drop_all` sends the protected tools only: nothing left out goes as a stub.
     let stubs = config.left_out == LeftOut::Stub && !block.dropped;
@@ -199,7 +202,7 @@ fn plan(
     let mut defined = full.clone();
     let mut placed = Vec::new();
     let words = (!stubs).then_some(config);
-    let mut needs = later_needs(catalog, original, first, words);
+    let mut needs = later_needs(catalog, original, first, words, cx.memo);
     // A tool `tool_choice` names is called now: defined last, where the next request places
     // what this answer called.
     if let Some(chosen) = chosen_tool(request) {

@@ -12,6 +12,7 @@ use super::report::Reason;
 use crate::glob::glob_match;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use crate::pipeline::config::{OnNoMatch, PipelineConfig, ToolsConfig};
+use crate::pipeline::memo::Memo;
 use crate::tokens::TokenCounter;
 
 /// Tool names named by `tool_choice` (`{"type":"function","function":{"name":…}}`).
@@ -41,8 +42,9 @@ pub(super) fn first_turn_block(
     messages: &[Message],
     sticky: &[String],
     config: &ToolsConfig,
+    memo: &Memo,
 ) -> Block {
-    let scores = turn_scores(catalog, messages, config);
+    let scores = turn_scores(catalog, messages, config, memo);
     let matched: Vec<String> = matched_of(&scores, config);
     let mut protected: Vec<String> = Vec::new();
     for message in messages {

@@ -4,12 +4,23 @@
 //! a turn called (what a conversation keeps as sticky).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use foldhash::quality::FixedState;
 
 use super::catalog::Catalog;
 use crate::openai::{ChatRequest, Message, Role};
 use crate::pipeline::config::{PipelineConfig, ToolsConfig};
 use crate::pipeline::memo::Memo;
 use crate::pipeline::text::content_words;
+use crate::tokens::hash_message;
+
+/// Each category with a positive score: its score and the keywords that matched, by name.
+pub(super) type Scores = Vec<(String, (f64, Vec<String>))>;
+
+/// Seed of the memo keys of a turn's scores.
+const SCORES_SEED: u64 = 0x7363_6f72_6573_0001;
 
 /// Shortest keyword word that also matches longer words it starts ("cancel" matches
 /// "cancellation", "book" matches "booking").
@@ -52,16 +63,7 @@ pub(super) fn current_turn_start(messages: &[Message]) -> usize {
 /// first `chars` characters of each user and assistant message.
 pub(super) fn context_words(messages: &[Message], turns: usize, chars: usize) -> Vec<Vec<String>> {
     let current = current_turn_start(messages);
-    let starts: Vec<usize> = messages[..current]
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.role == Role::User)
-        .map(|(i, _)| i)
-        .collect();
-    let from = starts
-        .len()
-        .checked_sub(turns)
-        .map_or(0, |i| starts.get(i).copied().unwrap_or(0));
+    let from = context_start(messages, current, turns);
     messages[from..current]
         .iter()
         .filter(|m| matches!(m.role, Role::User | Role::Assistant))
@@ -71,6 +73,21 @@ pub(super) fn context_words(messages: &[Message], turns: usize, chars: usize) ->
         })
         .filter(|w| !w.is_empty())
         .collect()
+}
+
+/// Where the context of the turn starting at `current` starts: the `turns`-th user message
+/// before it.
+fn context_start(messages: &[Message], current: usize, turns: usize) -> usize {
+    let starts: Vec<usize> = messages[..current]
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::User)
+        .map(|(i, _)| i)
+        .collect();
+    starts
+        .len()
+        .checked_sub(turns)
+        .map_or(0, |i| starts.get(i).copied().unwrap_or(0))
 }
 
 /// The score and matched keywords of every category with a positive score.
@@ -103,11 +120,28 @@ pub(super) fn score(
 
 /// The categories scores for the last user message of `messages` (with the assistant text it
 /// answers) and the turns before it as context.
+/// Memoized by the messages read (the context turns and the current one), so the stages' re-runs
+/// and the points of a conversation score each turn once.
 pub(super) fn turn_scores(
     catalog: &Catalog,
     messages: &[Message],
     config: &ToolsConfig,
-) -> Vec<(String, (f64, Vec<String>))> {
+    memo: &Memo,
+) -> Arc<Scores> {
+    let start = current_turn_start(messages);
+    let from = context_start(messages, start, config.context_turns);
+    let mut hasher = FixedState::with_seed(SCORES_SEED).build_hasher();
+    catalog.key.hash(&mut hasher);
+    config.context_turns.hash(&mut hasher);
+    config.context_chars.hash(&mut hasher);
+    config.context_weight.to_bits().hash(&mut hasher);
+    for message in &messages[from..messages.len().min(start + 1)] {
+        hash_message(message, &mut hasher);
+    }
+    memo.value(hasher.finish(), || scores_of(catalog, messages, config))
+}
+
+fn scores_of(catalog: &Catalog, messages: &[Message], config: &ToolsConfig) -> Scores {
     let start = current_turn_start(messages);
     // The current exchange: the last user message and the assistant text it answers
     // ("Could you give me your user id?" → "mia_li_3668").

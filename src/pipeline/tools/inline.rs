@@ -268,6 +268,7 @@ pub(super) fn later_needs(
     messages: &[Message],
     first: usize,
     words: Option<&ToolsConfig>,
+    memo: &Memo,
 ) -> Vec<Placed> {
     let loop_needs = |categories: &BTreeSet<&str>| -> Vec<String> {
         let names: BTreeSet<String> = catalog
@@ -295,7 +296,7 @@ pub(super) fn later_needs(
             Role::User => {
                 loop_categories.clear();
                 if let Some(config) = words.filter(|_| index >= first) {
-                    let scores = turn_scores(catalog, &messages[..=index], config);
+                    let scores = turn_scores(catalog, &messages[..=index], config, memo);
                     let matched = matched_of(&scores, config);
                     let names: BTreeSet<String> = catalog
                         .categories
