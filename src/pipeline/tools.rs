@@ -115,7 +115,13 @@ impl Stage for ToolsStage {
             .iter()
             .map(|(name, (score, keywords))| {
                 let keywords = keywords.clone();
-                (name.clone(), CategoryScore { score: *score, keywords })
+                (
+                    name.clone(),
+                    CategoryScore {
+                        score: *score,
+                        keywords,
+                    },
+                )
             })
             .collect();
         let details = ToolsDetails {
