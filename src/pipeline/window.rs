@@ -181,7 +181,7 @@ fn plan_window(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Plan {
     } else {
         0
     };
-    let topic_shift = turns::last_topic_shift(turns, start + 1, config);
+    let topic_shift = turns::last_topic_shift(turns, start + 1, config, cx.memo);
     if let Some(shift) = topic_shift {
         start = shift;
         reason = "topic_shift";

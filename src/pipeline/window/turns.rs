@@ -1,9 +1,15 @@
 //! Turns of a conversation and the lexical signals read from them: continuity and topic shifts.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
 
+use foldhash::quality::FixedState;
+
+use crate::bounded::Weigh;
 use crate::openai::{Message, Role};
 use crate::pipeline::config::WindowConfig;
+use crate::pipeline::memo::Memo;
 use crate::pipeline::stage::StageCx;
 use crate::pipeline::text::{bag, content_words, cosine, normalize};
 
@@ -114,33 +120,71 @@ const SHIFT_PHRASES: &[&str] = &[
 /// The index of the last turn at or after `from` that starts a new topic: an explicit phrase,
 /// or a sharp drop in similarity after a continuous stretch. Turns before `from` are read only
 /// as the stretch a drop is measured against, so the cost does not grow with the history.
-pub fn last_topic_shift(turns: &[Turn<'_>], from: usize, config: &WindowConfig) -> Option<usize> {
+pub fn last_topic_shift(
+    turns: &[Turn<'_>],
+    from: usize,
+    config: &WindowConfig,
+    memo: &Memo,
+) -> Option<usize> {
     let mut last = None;
-    // The two user messages before each candidate, as (bag, enough content words).
-    let mut previous: Vec<(HashMap<String, f64>, bool)> = Vec::new();
+    // The two user messages before each candidate.
+    let mut previous: Vec<Arc<UserSignals>> = Vec::new();
     let scan_from = from.saturating_sub(3);
     for (index, turn) in turns.iter().enumerate().skip(scan_from) {
         let Some(_) = turn.user() else { continue };
-        let text = turn.user_text();
-        let words = content_words(&text).len();
-        let current = (bag(&text), words >= 4);
+        let current = UserSignals::memoized(&turn.user_text(), memo);
         if index >= from.max(1) {
-            let folded = normalize(&text);
-            let explicit = SHIFT_PHRASES.iter().any(|p| folded.contains(p));
             let dropped = previous.len() >= 2 && {
                 let (a, b) = (&previous[previous.len() - 2], &previous[previous.len() - 1]);
-                a.1 && b.1
-                    && current.1
-                    && cosine(&a.0, &b.0) >= config.continuity_high
-                    && cosine(&b.0, &current.0) <= config.topic_shift_similarity
+                a.enough
+                    && b.enough
+                    && current.enough
+                    && cosine(&a.bag, &b.bag) >= config.continuity_high
+                    && cosine(&b.bag, &current.bag) <= config.topic_shift_similarity
             };
-            if explicit || dropped {
+            if current.explicit || dropped {
                 last = Some(index);
             }
         }
         previous.push(current);
     }
     last
+}
+
+/// What a user message says of topic shifts, once per text (a conversation's requests and the
+/// budget's re-runs read the same messages again).
+struct UserSignals {
+    bag: HashMap<String, f64>,
+    /// At least 4 content words: enough to measure a drop against.
+    enough: bool,
+    /// It says the topic changes ("another question", …).
+    explicit: bool,
+}
+
+/// Seed of the memo keys of a user message's signals.
+const SIGNALS_SEED: u64 = 0x7369_676e_616c_0001;
+
+impl UserSignals {
+    fn memoized(text: &str, memo: &Memo) -> Arc<UserSignals> {
+        let key = FixedState::with_seed(SIGNALS_SEED).hash_one(text);
+        memo.value(key, || {
+            let folded = normalize(text);
+            UserSignals {
+                bag: bag(text),
+                enough: content_words(text).len() >= 4,
+                explicit: SHIFT_PHRASES.iter().any(|p| folded.contains(p)),
+            }
+        })
+    }
+}
+
+impl Weigh for UserSignals {
+    fn heap_bytes(&self) -> usize {
+        self.bag
+            .keys()
+            .map(|word| word.capacity() + std::mem::size_of::<(String, f64)>() + 8)
+            .sum()
+    }
 }
 
 #[cfg(test)]
@@ -183,7 +227,7 @@ mod tests {
         ]));
         let (_, turns) = split_turns(&all);
         assert_eq!(
-            last_topic_shift(&turns, 0, &WindowConfig::default()),
+            last_topic_shift(&turns, 0, &WindowConfig::default(), &Memo::default()),
             Some(1)
         );
     }
