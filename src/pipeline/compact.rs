@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use foldhash::quality::FixedState;
 
@@ -139,29 +140,12 @@ impl Stage for CompactStage {
                 }
                 continue;
             }
-            let mut keep: HashSet<&str> = cx
-                .config
-                .compact
-                .keep_fields
-                .iter()
-                .map(String::as_str)
-                .collect();
-            if let Some(extra) =
-                call.and_then(|c| cx.config.compact.tool_fields.get(&c.function.name))
-            {
-                keep.extend(extra.iter().map(String::as_str));
+            let cut = cut_result(call, &text, max_tokens, cx);
+            match cut.1 {
+                Form::Json => json_compacted += 1,
+                Form::Text => text_compacted += 1,
             }
-            // What is under an envelope is compacted, not the envelope's one long string.
-            let mut compacted = match payload::read(&text) {
-                Payload::Tree(value) => {
-                    json_compacted += 1;
-                    compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter)
-                }
-                Payload::Text(inner) => {
-                    text_compacted += 1;
-                    compact_text(&inner, max_tokens, MAX_OMITTED_IDS, cx.counter)
-                }
-            };
+            let mut compacted = cut.0.clone();
             if recall {
                 let handle = recall::handle_of(&text);
                 compacted.push_str(&recall::cut_note(&handle));
@@ -212,6 +196,54 @@ pub(super) fn working_set_result(
     ));
     let kept = memo.value(key, || WorkingSetForm(lossless(text, config, counter)));
     kept.0.clone()
+}
+
+/// A result over `max_tokens` outside the working set, cut to fit: its JSON compacted (the
+/// fields `keep_fields` and the call's `tool_fields` kept whole), or its text. Memoized: every
+/// point of a conversation and every budget re-run cut the same results again.
+fn cut_result(
+    call: Option<&ToolCall>,
+    text: &str,
+    max_tokens: usize,
+    cx: &StageCx<'_>,
+) -> Arc<CutForm> {
+    let compact = &cx.config.compact;
+    let extra = call.and_then(|c| compact.tool_fields.get(&c.function.name));
+    let key = FixedState::with_seed(CUT_SEED).hash_one((
+        text,
+        max_tokens,
+        cx.params.max_string_chars,
+        &compact.keep_fields,
+        extra,
+        cx.counter.encoding(),
+    ));
+    cx.memo.value(key, || {
+        let mut keep: HashSet<&str> = compact.keep_fields.iter().map(String::as_str).collect();
+        keep.extend(extra.into_iter().flatten().map(String::as_str));
+        // What is under an envelope is compacted, not the envelope's one long string.
+        match payload::read(text) {
+            Payload::Tree(value) => CutForm(
+                compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter),
+                Form::Json,
+            ),
+            Payload::Text(inner) => CutForm(
+                compact_text(&inner, max_tokens, MAX_OMITTED_IDS, cx.counter),
+                Form::Text,
+            ),
+        }
+    })
+}
+
+/// Seed of the memo keys of cut results.
+const CUT_SEED: u64 = 0x6375_7472_6573_0001;
+
+/// A cut result and what it was read as.
+struct CutForm(String, Form);
+
+impl crate::bounded::Weigh for CutForm {
+    fn heap_bytes(&self) -> usize {
+        self.0.capacity()
+    }
 }
 
 /// Seed of the memo keys of working-set forms.
