@@ -114,14 +114,11 @@ impl Stage for ToolsStage {
         let scores = scores
             .iter()
             .map(|(name, (score, keywords))| {
-                let keywords = keywords.clone();
-                (
-                    name.clone(),
-                    CategoryScore {
-                        score: *score,
-                        keywords,
-                    },
-                )
+                let score = CategoryScore {
+                    score: *score,
+                    keywords: keywords.clone(),
+                };
+                (name.clone(), score)
             })
             .collect();
         let details = ToolsDetails {

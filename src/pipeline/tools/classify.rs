@@ -119,9 +119,9 @@ pub(super) fn score(
 }
 
 /// The categories scores for the last user message of `messages` (with the assistant text it
-/// answers) and the turns before it as context.
-/// Memoized by the messages read (the context turns and the current one), so the stages' re-runs
-/// and the points of a conversation score each turn once.
+/// answers) and the turns before it as context. Memoized by the messages read (the context
+/// turns and the current one), so the stages' re-runs and a conversation's points score each
+/// turn once.
 pub(super) fn turn_scores(
     catalog: &Catalog,
     messages: &[Message],
