@@ -14,7 +14,7 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
 use super::ResponsesBody;
-use super::to_chat::{Converted, Unit, responses_tool_choice};
+use super::to_chat::{ClientTool, Converted, Unit, responses_tool_choice};
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use crate::tokens::hash_message;
 
@@ -47,6 +47,22 @@ pub fn write(converted: &Converted, rewritten: &ChatRequest) -> serde_json::Resu
 enum Field<'a> {
     Value(Cow<'a, Value>),
     Items(Vec<Cow<'a, Value>>),
+    Tools(Vec<ToolOut<'a>>),
+}
+
+/// A tool as sent: the client's, as it wrote it, or one the rewrite changed.
+enum ToolOut<'a> {
+    Client(&'a ClientTool),
+    Flat(Value),
+}
+
+impl Serialize for ToolOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ToolOut::Client(tool) => tool.serialize(serializer),
+            ToolOut::Flat(value) => value.serialize(serializer),
+        }
+    }
 }
 
 impl Field<'_> {
@@ -54,6 +70,15 @@ impl Field<'_> {
         match self {
             Field::Value(value) => value.into_owned(),
             Field::Items(items) => Value::Array(items.into_iter().map(Cow::into_owned).collect()),
+            Field::Tools(tools) => Value::Array(
+                tools
+                    .into_iter()
+                    .map(|tool| match tool {
+                        ToolOut::Client(tool) => tool.to_json(),
+                        ToolOut::Flat(value) => value,
+                    })
+                    .collect(),
+            ),
         }
     }
 }
@@ -63,6 +88,7 @@ impl Serialize for Field<'_> {
         match self {
             Field::Value(value) => value.serialize(serializer),
             Field::Items(items) => items.serialize(serializer),
+            Field::Tools(tools) => tools.serialize(serializer),
         }
     }
 }
@@ -290,82 +316,32 @@ fn input_field<'a>(
     Field::Items(input)
 }
 
-/// `tools` as sent: each tool the client's JSON (borrowed) when unchanged, else in the flat
+/// `tools` as sent: each tool the client's as it wrote it when unchanged, else in the flat
 /// shape; `None` when the rewrite sends none.
 fn tools_field<'a>(converted: &'a Converted, rewritten: &ChatRequest) -> Option<Field<'a>> {
     let tools = match &rewritten.tools {
         Nullable::Value(tools) if !tools.is_empty() => tools,
         // The client's own empty list stays; a list the rewrite emptied goes.
         Nullable::Value(_) => {
-            return match converted.body.get("tools") {
-                Some(empty @ Value::Array(client)) if client.is_empty() => {
-                    Some(Field::Value(Cow::Borrowed(empty)))
-                }
+            return match &converted.tools {
+                Some(client) if client.is_empty() => Some(Field::Tools(Vec::new())),
                 _ => None,
             };
         }
         Nullable::Absent => return None,
         Nullable::Null => return Some(Field::Value(Cow::Owned(Value::Null))),
     };
-    let client: &[Value] = match converted.body.get("tools") {
-        Some(Value::Array(client)) => client,
-        _ => &[],
-    };
-    let flat = tools
+    let client = converted.tools.as_deref().unwrap_or_default();
+    let sent = tools
         .iter()
         .map(
-            |tool| match client.iter().find(|json| is_client_tool(tool, json)) {
-                Some(json) => Cow::Borrowed(json),
-                None => Cow::Owned(flat_tool(tool)),
+            |tool| match client.iter().find(|client| client.tool == *tool) {
+                Some(client) => ToolOut::Client(client),
+                None => ToolOut::Flat(flat_tool(tool)),
             },
         )
         .collect();
-    Some(Field::Items(flat))
-}
-
-/// Whether `tool` is what the client's `json` reads as (`to_chat`'s tools): the same type, name,
-/// description, parameters and other fields.
-fn is_client_tool(tool: &Tool, json: &Value) -> bool {
-    let Some(json) = json.as_object() else {
-        return false;
-    };
-    if json.get("type").and_then(Value::as_str) != Some(tool.kind.as_str()) {
-        return false;
-    }
-    let Some(function) = &tool.function else {
-        return json.len() == 1 + tool.extra.len()
-            && tool.extra.iter().all(|(k, v)| json.get(k) == Some(v));
-    };
-    json.get("name").and_then(Value::as_str) == Some(function.name.as_str())
-        && same_field(
-            json.get("description"),
-            &function.description,
-            |theirs, ours| theirs.as_str() == Some(ours.as_str()),
-        )
-        && same_field(
-            json.get("parameters"),
-            &function.parameters,
-            |theirs, ours| theirs == &**ours,
-        )
-        && tool.extra.is_empty()
-        && json.len()
-            == 2 + usize::from(!function.description.is_absent())
-                + usize::from(!function.parameters.is_absent())
-                + function.extra.len()
-        && function.extra.iter().all(|(k, v)| json.get(k) == Some(v))
-}
-
-/// A field of the client's JSON and what it was read as: both absent, both null, or equal.
-fn same_field<T>(
-    json: Option<&Value>,
-    ours: &Nullable<T>,
-    eq: impl Fn(&Value, &T) -> bool,
-) -> bool {
-    match (json, ours) {
-        (None, Nullable::Absent) | (Some(Value::Null), Nullable::Null) => true,
-        (Some(theirs), Nullable::Value(ours)) => eq(theirs, ours),
-        _ => false,
-    }
+    Some(Field::Tools(sent))
 }
 
 fn flat_tool(tool: &Tool) -> Value {

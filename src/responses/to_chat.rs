@@ -38,11 +38,99 @@ pub struct Converted {
     pub(super) instructions: bool,
     /// `tool_choice` as converted, with the client's JSON of it.
     pub(super) tool_choice: Option<(Value, Value)>,
+    /// The client's tools, moved out of `body` (whose `tools` is left `null`, its place): `None`
+    /// when it sent no list.
+    pub(super) tools: Option<Vec<ClientTool>>,
     /// Items left out because a later `compaction` item stands for them.
     pub compacted_items: usize,
     /// No item was moved to keep a call with its answer: the units hold the items in the
     /// client's order.
     pub(super) in_client_order: bool,
+}
+
+/// A tool of the client's as chat reads it, and the order of its JSON's fields: written back in
+/// that order, it is the client's JSON byte for byte.
+#[derive(Debug, Clone)]
+pub(super) struct ClientTool {
+    pub tool: Tool,
+    pub keys: Vec<String>,
+}
+
+impl ClientTool {
+    /// The field `key` of the client's JSON, borrowed from what it was read as.
+    fn field(&self, key: &str) -> Option<FieldRef<'_>> {
+        fn nullable<T>(
+            field: &Nullable<T>,
+            read: impl Fn(&T) -> FieldRef<'_>,
+        ) -> Option<FieldRef<'_>> {
+            match field {
+                Nullable::Absent => None,
+                Nullable::Null => Some(FieldRef::Null),
+                Nullable::Value(value) => Some(read(value)),
+            }
+        }
+        let tool = &self.tool;
+        match (key, &tool.function) {
+            ("type", _) => Some(FieldRef::Str(&tool.kind)),
+            ("name", Some(function)) => Some(FieldRef::Str(&function.name)),
+            ("description", Some(function)) => {
+                nullable(&function.description, |d| FieldRef::Str(d))
+            }
+            ("parameters", Some(function)) => {
+                nullable(&function.parameters, |p| FieldRef::Value(p))
+            }
+            (_, Some(function)) => function.extra.get(key).map(FieldRef::Value),
+            (_, None) => tool.extra.get(key).map(FieldRef::Value),
+        }
+    }
+
+    /// The client's JSON of the tool.
+    pub fn to_json(&self) -> Value {
+        let object = self
+            .keys
+            .iter()
+            .filter_map(|key| {
+                let value = match self.field(key)? {
+                    FieldRef::Str(text) => Value::String(text.to_owned()),
+                    FieldRef::Value(value) => value.clone(),
+                    FieldRef::Null => Value::Null,
+                };
+                Some((key.clone(), value))
+            })
+            .collect();
+        Value::Object(object)
+    }
+}
+
+/// A field of a client's tool as it was read.
+enum FieldRef<'a> {
+    Str(&'a str),
+    Value(&'a Value),
+    Null,
+}
+
+impl serde::Serialize for FieldRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FieldRef::Str(text) => serializer.serialize_str(text),
+            FieldRef::Value(value) => value.serialize(serializer),
+            FieldRef::Null => serializer.serialize_unit(),
+        }
+    }
+}
+
+/// Written as the client wrote it: its fields in its order.
+impl serde::Serialize for ClientTool {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.keys.len()))?;
+        for key in &self.keys {
+            if let Some(value) = self.field(key) {
+                map.serialize_entry(key, &value)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// One chat message and the client's items it stands for.
@@ -60,6 +148,9 @@ impl Converted {
         if let Some(input @ Value::Null) = body.get_mut("input") {
             let items = self.units.iter().flat_map(|u| u.items.iter());
             *input = Value::Array(items.chain(&self.trailing).cloned().collect());
+        }
+        if let (Some(tools), Some(field)) = (&self.tools, body.get_mut("tools")) {
+            *field = Value::Array(tools.iter().map(ClientTool::to_json).collect());
         }
         body
     }
@@ -267,7 +358,12 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
 
     trailing.append(&mut held);
 
-    let tools = tools_of(&body)?;
+    let client_tools = tools_of(&mut body)?;
+    let tools: Vec<Tool> = client_tools
+        .iter()
+        .flatten()
+        .map(|client| client.tool.clone())
+        .collect();
     let tool_choice = body
         .get("tool_choice")
         .map(|choice| (chat_tool_choice(choice), choice.clone()));
@@ -305,6 +401,7 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
         trailing,
         instructions,
         tool_choice,
+        tools: client_tools,
         compacted_items,
         in_client_order,
     };
@@ -583,33 +680,32 @@ fn output_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError
 }
 
 /// Flat function tools (`{"type":"function","name",…}`) as chat tools; every other tool (hosted,
-/// custom, MCP) kept whole, which the tools stage never stubs or removes.
-/// The function tools read as chat's (the client's JSON of each stays in the body, for
-/// [`super::from_chat`] to send a kept tool as it was).
-fn tools_of(body: &ResponsesBody) -> Result<Vec<Tool>, ProxyError> {
-    let tools = match body.get("tools") {
-        Some(Value::Array(tools)) => tools,
-        None | Some(Value::Null) => return Ok(Vec::new()),
+/// custom, MCP) kept whole, which the tools stage never stubs or removes. The tools are moved out
+/// of the body, not copied (schemas are the largest part of most bodies): `None` when it holds
+/// no list.
+fn tools_of(body: &mut ResponsesBody) -> Result<Option<Vec<ClientTool>>, ProxyError> {
+    let tools = match body.get_mut("tools") {
+        Some(Value::Array(tools)) => std::mem::take(tools),
+        None | Some(Value::Null) => return Ok(None),
         Some(_) => return Err(invalid("tools", "expected an array of tools")),
     };
-    tools
-        .iter()
+    let read = tools
+        .into_iter()
         .enumerate()
         .map(|(k, tool)| {
-            let object = tool
-                .as_object()
-                .ok_or_else(|| invalid(format!("tools[{k}]"), "expected an object"))?;
-            let kind = match object.get("type") {
-                Some(Value::String(kind)) => kind.clone(),
+            let Value::Object(mut rest) = tool else {
+                return Err(invalid(format!("tools[{k}]"), "expected an object"));
+            };
+            let keys: Vec<String> = rest.keys().cloned().collect();
+            let kind = match rest.remove("type") {
+                Some(Value::String(kind)) => kind,
                 _ => {
                     return Err(ProxyError::MissingField {
                         field: format!("tools[{k}].type"),
                     });
                 }
             };
-            let mut rest = object.clone();
-            rest.remove("type");
-            let converted = if kind == "function" {
+            let tool = if kind == "function" {
                 let name = match rest.remove("name") {
                     Some(Value::String(name)) => name,
                     _ => {
@@ -642,9 +738,13 @@ fn tools_of(body: &ResponsesBody) -> Result<Vec<Tool>, ProxyError> {
                     extra: rest,
                 }
             };
-            Ok(converted)
+            Ok(ClientTool { tool, keys })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(field) = body.get_mut("tools") {
+        *field = Value::Null;
+    }
+    Ok(Some(read))
 }
 
 fn nullable(value: Option<Value>) -> Result<Nullable<String>, ()> {

@@ -492,7 +492,9 @@ async fn expand_json(
         sent,
         recalled,
     };
-    let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else {
+    // Only what the watch reads: a Response echoes its instructions and tools, which an answer
+    // that calls no stub would parse for nothing.
+    let Some(mut answer) = watched_fields(&bytes) else {
         return Ok(done(parts, bytes, Vec::new(), sent, Vec::new()));
     };
     let mut earlier = Vec::new();
@@ -549,6 +551,29 @@ async fn expand_json(
         sent,
         call.recalled,
     ))
+}
+
+/// The fields of a JSON answer that the watch for stub calls reads, and that the merge of a
+/// re-asked answer reads of the earlier ones: a chat completion's `choices`, a Response's
+/// `output`, and `usage`. `None` when the answer is not a JSON object.
+fn watched_fields(bytes: &[u8]) -> Option<Value> {
+    #[derive(serde::Deserialize)]
+    struct Watched {
+        choices: Option<Value>,
+        output: Option<Value>,
+        usage: Option<Value>,
+    }
+    let watched: Watched = serde_json::from_slice(bytes).ok()?;
+    let fields = [
+        ("choices", watched.choices),
+        ("output", watched.output),
+        ("usage", watched.usage),
+    ];
+    let object = fields
+        .into_iter()
+        .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+        .collect();
+    Some(Value::Object(object))
 }
 
 /// Adds the tools asked again for to `expanded`, once each.
