@@ -242,11 +242,10 @@ mod tests {
         }
     }
 
-    fn pieces(
-        encoding: Encoding,
-        text: &str,
-        split: fn(Encoding, &str, &mut dyn FnMut(&str)),
-    ) -> Vec<String> {
+    /// A way of splitting text into pieces.
+    type Split = fn(Encoding, &str, &mut dyn FnMut(&str));
+
+    fn pieces(encoding: Encoding, text: &str, split: Split) -> Vec<String> {
         let mut pieces = Vec::new();
         split(encoding, text, &mut |piece| pieces.push(piece.to_owned()));
         pieces
