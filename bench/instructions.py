@@ -48,7 +48,9 @@ def measure(path, limit, top, workdir):
     mock = subprocess.Popen(
         [BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = dict(os.environ, CTXPROXY_STORE_BACKEND="memory", CTXPROXY_LOG_LEVEL="warn",
+    # CTXPROXY_BIN is this script's: the proxy would read it as a setting it does not know.
+    env = {k: v for k, v in os.environ.items() if k != "CTXPROXY_BIN"}
+    env.update(CTXPROXY_STORE_BACKEND="memory", CTXPROXY_LOG_LEVEL="warn",
                CTXPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{mock_port}/v1")
     out = os.path.join(workdir, "callgrind.out")
     proxy = subprocess.Popen(
@@ -57,10 +59,11 @@ def measure(path, limit, top, workdir):
          "--listen", f"127.0.0.1:{proxy_port}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_ready(mock_port, "/healthz", mock, "mock")
+        wait_ready(mock_port, "/v1/models", mock, "mock")
         wait_ready(proxy_port, "/healthz", proxy, "proxy under callgrind", tries=3000)
         control = lambda *args: subprocess.run(["callgrind_control", *args, str(proxy.pid)],
-                                               stdout=subprocess.DEVNULL, check=True)
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL, check=True)
         control("-i", "on")
         conn = http.client.HTTPConnection("127.0.0.1", proxy_port, timeout=600)
         errors = 0

@@ -59,6 +59,9 @@ pub struct ResponseMeter {
     expanded: bool,
     /// Which API the answer speaks: where its usage is and what it is called.
     api: Api,
+    /// The usage of a JSON answer, when what read the answer before the relay had it: the
+    /// answer is then not kept to be read again.
+    answer_usage: Option<Usage>,
 }
 
 impl ResponseMeter {
@@ -82,12 +85,25 @@ impl ResponseMeter {
             sent_tokens: None,
             expanded: false,
             api: Api::Chat,
+            answer_usage: None,
         }
     }
 
     /// Reads the usage of an answer of `api`.
     pub fn for_api(mut self, api: Api) -> ResponseMeter {
         self.api = api;
+        self
+    }
+
+    /// The `usage` field of the JSON answer, already read (by the expansion of stub calls);
+    /// after [`ResponseMeter::for_api`].
+    pub fn with_answer_usage(mut self, usage: Option<serde_json::Value>) -> ResponseMeter {
+        self.answer_usage = usage.and_then(|usage| match self.api {
+            Api::Chat => Usage::deserialize(&usage).ok(),
+            Api::Responses => ResponsesUsage::deserialize(&usage)
+                .ok()
+                .map(ResponsesUsage::into_chat),
+        });
         self
     }
 
@@ -201,7 +217,7 @@ impl ResponseMeter {
 impl BodyObserver for ResponseMeter {
     fn on_data(&mut self, data: &Bytes) {
         if !self.streamed {
-            if self.json.len() + data.len() <= MAX_JSON_BYTES {
+            if self.answer_usage.is_none() && self.json.len() + data.len() <= MAX_JSON_BYTES {
                 self.json.extend_from_slice(data);
             }
             return;
@@ -236,7 +252,11 @@ impl BodyObserver for ResponseMeter {
         if self.streamed || end != BodyEnd::Complete {
             return;
         }
-        if let Some(usage) = usage_of_answer(self.api, &self.json) {
+        if let Some(usage) = self
+            .answer_usage
+            .take()
+            .or_else(|| usage_of_answer(self.api, &self.json))
+        {
             self.count(&usage);
         }
     }

@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use bytes::Bytes;
+use serde_json::Value;
 
 use super::call::{ChatCall, Outgoing, X_CTXPROXY_BUDGET, X_CTXPROXY_MODE};
 use super::call_log::CallLog;
@@ -78,6 +79,8 @@ pub struct Answer {
     strip_usage: bool,
     /// The upstream was asked for the stream's usage (by the client or on its behalf).
     usage_asked: bool,
+    /// The `usage` of the JSON answer the client gets, when the expansion read it already.
+    usage: Option<Value>,
 }
 
 impl ChatCall<'_> {
@@ -261,11 +264,13 @@ impl ChatCall<'_> {
             }
         }
         let (saving, sent_tokens) = (outgoing.saving, outgoing.sent_tokens);
+        let mut usage = None;
         let answer = match expansion {
             Some(expansion) => {
                 let expanded = guarded::expand(expansion, answer, first).await?;
                 log.expanded = expanded.expanded;
                 log.recalled = expanded.recalled;
+                usage = expanded.usage;
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
                 }
@@ -275,6 +280,8 @@ impl ChatCall<'_> {
         };
         let answer = match guard {
             Some(guard) => {
+                // A guard may continue the answer: its usage is read from what it gives.
+                usage = None;
                 let (answer, flags) = guarded::guard(guard, answer).await?;
                 log.flags = flags;
                 answer
@@ -289,6 +296,7 @@ impl ChatCall<'_> {
             expanded: !log.expanded.is_empty() || !log.recalled.is_empty(),
             strip_usage,
             usage_asked,
+            usage,
         })
     }
 
@@ -359,6 +367,7 @@ impl ChatCall<'_> {
             expanded,
             strip_usage,
             usage_asked,
+            usage,
         } = answer;
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
         // Recorded from the upstream's bytes, before the usage event is left out for the client.
@@ -383,7 +392,8 @@ impl ChatCall<'_> {
                 .with_saving(saving)
                 .with_price(state.config.price_of(&self.chat.model))
                 .with_sent(sent_tokens, expanded)
-                .for_api(api),
+                .for_api(api)
+                .with_answer_usage(usage),
             ));
             let tool_state = self.uses_tool_state() && api == Api::Chat;
             if let Some(conversation) = self.conversation.filter(|_| tool_state) {

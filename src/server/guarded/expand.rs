@@ -111,6 +111,9 @@ pub struct Expanded {
     pub sent: Bytes,
     /// The handles recalled (JSON answers; a stream's are counted in the metrics only).
     pub recalled: Vec<String>,
+    /// The `usage` of a JSON answer as the client gets it, read here already (the meter then
+    /// need not read the answer again).
+    pub usage: Option<Value>,
 }
 
 /// The tools the client offered (none when it offered none).
@@ -458,6 +461,7 @@ pub async fn expand(
             expanded: Vec::new(),
             sent,
             recalled: Vec::new(),
+            usage: None,
         });
     }
     if is_event_stream(answer.response.headers()) {
@@ -470,6 +474,7 @@ pub async fn expand(
             expanded: Vec::new(),
             sent,
             recalled: Vec::new(),
+            usage: None,
         });
     }
     expand_json(call, answer, sent).await
@@ -482,7 +487,7 @@ async fn expand_json(
 ) -> Result<Expanded, ProxyError> {
     let (mut parts, bytes, started) = read_whole(&call.upstream, answer).await?;
     let total_timeout = call.upstream.config.total_timeout;
-    let done = |parts, bytes: Bytes, expanded, sent, recalled| Expanded {
+    let done = |parts, bytes: Bytes, expanded, sent, recalled, usage| Expanded {
         answer: UpstreamResponse {
             response: Response::from_parts(parts, Body::from(bytes)),
             started,
@@ -491,11 +496,12 @@ async fn expand_json(
         expanded,
         sent,
         recalled,
+        usage,
     };
     // Only what the watch reads: a Response echoes its instructions and tools, which an answer
     // that calls no stub would parse for nothing.
     let Some(mut answer) = watched_fields(&bytes) else {
-        return Ok(done(parts, bytes, Vec::new(), sent, Vec::new()));
+        return Ok(done(parts, bytes, Vec::new(), sent, Vec::new(), None));
     };
     let mut earlier = Vec::new();
     let mut expanded: Vec<String> = Vec::new();
@@ -525,6 +531,7 @@ async fn expand_json(
                     expanded,
                     sent,
                     recalled: call.recalled,
+                    usage: None,
                 });
             }
             Err(e) => {
@@ -536,7 +543,8 @@ async fn expand_json(
         earlier.push(std::mem::replace(&mut answer, next_answer));
     }
     if earlier.is_empty() {
-        return Ok(done(parts, bytes, expanded, sent, Vec::new()));
+        let usage = answer.get("usage").cloned();
+        return Ok(done(parts, bytes, expanded, sent, Vec::new(), usage));
     }
     if !expanded.is_empty() {
         call.count(call.outcome(), expanding);
@@ -544,12 +552,14 @@ async fn expand_json(
     let merged = with_usage_of(answer, &earlier);
     let body = serde_json::to_vec(&merged).map_err(|e| ProxyError::Internal(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
+    let usage = merged.get("usage").cloned();
     Ok(done(
         parts,
         Bytes::from(body),
         expanded,
         sent,
         call.recalled,
+        usage,
     ))
 }
 
@@ -674,6 +684,7 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
         expanded: Vec::new(),
         sent,
         recalled: Vec::new(),
+        usage: None,
     }
 }
 
