@@ -266,7 +266,7 @@ proptest! {
         // A way back: every identifier of a cleared or shortened result is still sent, or the
         // result names a handle that the proxy can answer from the client's request.
         let offers_recall = output.tools.get().is_some_and(|t| recall::offered(t));
-        let answerable = recall::originals(&output.messages, &request.messages);
+        let named = recall::named_handles(&output.messages);
         for (id, text) in tool_texts(output) {
             let original = &originals[&id];
             let shortened = text.contains(" result cleared") || text.contains("[shortened; recall ");
@@ -279,7 +279,8 @@ proptest! {
             }
             let handle = recall::handle_of(original);
             prop_assert!(offers_recall && text.contains(&handle), "{:?} lost and no handle in {}", lost, text);
-            prop_assert!(answerable.iter().any(|(h, t)| *h == handle && t == original), "handle {} not answerable", handle);
+            let answer = recall::original(&request.messages, &handle);
+            prop_assert!(named.contains(&handle) && answer.as_ref() == Some(original), "handle {} not answerable", handle);
         }
     }
 }

@@ -110,22 +110,18 @@ pub fn handles_in(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The originals that `sent` (a rewrite) names by handle, from the client's `messages`.
-pub fn originals(sent: &[Message], messages: &[Message]) -> Vec<(String, String)> {
-    let sent = result_texts(sent);
-    let named: std::collections::HashSet<&str> = sent.iter().flat_map(|t| handles_in(t)).collect();
-    if named.is_empty() {
-        return Vec::new();
+/// The handles that `sent` (a rewrite) names in its tool results: the results a recall of it
+/// may ask for.
+pub fn named_handles(sent: &[Message]) -> Vec<String> {
+    let mut named: Vec<String> = Vec::new();
+    for text in result_texts(sent) {
+        for handle in handles_in(&text) {
+            if !named.iter().any(|h| h == handle) {
+                named.push(handle.to_owned());
+            }
+        }
     }
-    result_texts(messages)
-        .into_iter()
-        .filter_map(|text| {
-            let handle = handle_of(&text);
-            named
-                .contains(handle.as_str())
-                .then(|| (handle, text.into_owned()))
-        })
-        .collect()
+    named
 }
 
 /// The texts of the tool results among `messages`.
@@ -266,7 +262,7 @@ pub fn replay(
 }
 
 /// The original text of the tool result whose handle is `handle`, among `messages`.
-fn original(messages: &[Message], handle: &str) -> Option<String> {
+pub fn original(messages: &[Message], handle: &str) -> Option<String> {
     result_texts(messages)
         .into_iter()
         .find(|text| handle_of(text) == handle)
@@ -329,14 +325,9 @@ mod tests {
         let original = "{\"rows\": [[\"29.1\", 1996]]}";
         let handle = handle_of(original);
         let sent = vec![tool_message(&format!("[cleared; recall {handle}]"))];
-        let originals = originals(&sent, &[tool_message("other"), tool_message(original)]);
-        assert_eq!(originals, vec![(handle.clone(), original.to_owned())]);
-        let find = |h: &str| {
-            originals
-                .iter()
-                .find(|(k, _)| k == h)
-                .map(|(_, t)| t.clone())
-        };
+        assert_eq!(named_handles(&sent), vec![handle.clone()]);
+        let client = [tool_message("other"), tool_message(original)];
+        let find = |h: &str| self::original(&client, h);
         let recalled = answer(
             vec![
                 call(&format!("{{\"handle\": \"{handle}\"}}")),

@@ -79,10 +79,11 @@ pub struct ExpandCall {
     responses: Option<Arc<responses::Converted>>,
 }
 
-/// What the proxy answers `ctxproxy_recall` with: the originals of the rewrite's handles, from
-/// the client's own request (`pipeline::recall`).
+/// What the proxy answers `ctxproxy_recall` with: the originals of the rewrite's handles, read
+/// from the client's own request when recalled (`pipeline::recall`).
 struct Recall {
-    originals: Vec<(String, String)>,
+    /// The handles the rewrite names.
+    named: Vec<String>,
     rounds: u32,
     /// The conversation whose marks a recall adds to, its marks so far, and how many messages
     /// the client sent (where the pair goes).
@@ -138,7 +139,7 @@ impl ExpandCall {
         let stubs = undefined_stubs(tools, &request.messages, client_tools);
         let defined = defined_stubs(tools, &request.messages, client_tools);
         let recall = recall::offered(tools).then(|| Recall {
-            originals: recall::originals(&request.messages, &client.messages),
+            named: recall::named_handles(&request.messages),
             rounds: 0,
             conversation: conversation.id,
             marks: conversation.recalls,
@@ -224,12 +225,13 @@ impl ExpandCall {
             ));
         };
         recall.rounds += 1;
-        let originals = &recall.originals;
+        let (named, client) = (&recall.named, &self.client.messages);
         let find = |h: &str| {
-            originals
+            named
                 .iter()
-                .find(|(handle, _)| handle == h)
-                .map(|(_, text)| text.clone())
+                .any(|handle| handle == h)
+                .then(|| recall::original(client, h))
+                .flatten()
         };
         let answered = recall::answer(calls, find);
         let metrics = &self.state.metrics;
