@@ -17,7 +17,7 @@ use bpe_openai::Tokenizer;
 use crate::bounded::SharedLru;
 use serde::{Deserialize, Serialize};
 
-use crate::openai::{ChatRequest, Content, Message, Tool};
+use crate::openai::{ChatRequest, Content, Message, Tool, hash_json};
 
 /// Every message is framed as `<|start|>{role}<|message|>{content}<|end|>`.
 const TOKENS_PER_MESSAGE: usize = 3;
@@ -382,35 +382,13 @@ pub fn hash_tool(tool: &Tool, hasher: &mut impl Hasher) {
             function.name.hash(hasher);
             function.description.get().hash(hasher);
             if let Some(parameters) = function.parameters.get() {
-                hash_json(parameters, hasher);
+                parameters.content_hash().hash(hasher);
             }
         }
         None => tool.extra.iter().for_each(|(k, v)| {
             k.hash(hasher);
             hash_json(v, hasher);
         }),
-    }
-}
-
-/// Hashes a JSON value by structure and content (`serde_json::Value` has no `Hash`).
-fn hash_json(value: &serde_json::Value, hasher: &mut impl Hasher) {
-    use serde_json::Value;
-    match value {
-        Value::Null => 0u8.hash(hasher),
-        Value::Bool(b) => (1u8, b).hash(hasher),
-        Value::Number(n) => (2u8, n.to_string()).hash(hasher),
-        Value::String(s) => (3u8, s).hash(hasher),
-        Value::Array(items) => {
-            (4u8, items.len()).hash(hasher);
-            items.iter().for_each(|v| hash_json(v, hasher));
-        }
-        Value::Object(map) => {
-            (5u8, map.len()).hash(hasher);
-            for (k, v) in map {
-                k.hash(hasher);
-                hash_json(v, hasher);
-            }
-        }
     }
 }
 

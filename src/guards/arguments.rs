@@ -67,7 +67,7 @@ impl ArgumentCheck {
                 .filter_map(|t| t.function.as_ref())
                 .find(|f| &f.name == name)
                 .and_then(|f| f.parameters.get())
-                .map(|p| Value::clone(p));
+                .map(|p| p.value().clone());
             self.schemas.push(Schema {
                 name: name.clone(),
                 parameters,

@@ -120,7 +120,7 @@ pub fn reply_for(request: &ChatRequest, body: &[u8], tool_call: Option<&str>) ->
                 .map(|f| f["parameters"].clone());
             let arguments = defined
                 .as_ref()
-                .or_else(|| declared.and_then(|f| f.parameters.get().map(|p| &**p)))
+                .or_else(|| declared.and_then(|f| f.parameters.get().map(|p| p.value())))
                 .map_or_else(|| "{}".to_owned(), arguments_for_schema);
             return Reply {
                 tool_calls: vec![MockToolCall {

@@ -7,6 +7,7 @@ mod error;
 mod nullable;
 mod request;
 mod response;
+mod schema;
 pub mod sse;
 mod stream;
 
@@ -17,6 +18,7 @@ pub use request::{
     StreamOptions, Tool, ToolCall,
 };
 pub use response::{ChatCompletion, Choice, Usage};
+pub use schema::{Schema, hash_json};
 pub use stream::{ChatCompletionChunk, ChunkChoice, Delta, FunctionCallDelta, ToolCallDelta};
 
 /// Which OpenAI API a request or an answer speaks.

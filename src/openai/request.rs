@@ -7,7 +7,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
-use super::{Extra, Nullable};
+use super::{Extra, Nullable, Schema};
 use crate::error::ProxyError;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -306,7 +306,7 @@ pub struct FunctionDefinition {
     /// JSON Schema of the arguments, shared: a request's tools are copied per stage and per
     /// point of its history, and a schema is the deepest part of them.
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
-    pub parameters: Nullable<Arc<Value>>,
+    pub parameters: Nullable<Arc<Schema>>,
     #[serde(flatten)]
     pub extra: Extra,
 }

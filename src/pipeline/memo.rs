@@ -176,7 +176,7 @@ fn tool_bytes(tool: &crate::openai::Tool) -> usize {
     let function = tool.function.as_ref().map_or(0, |f| {
         f.name.len()
             + f.description.get().map_or(0, String::len)
-            + f.parameters.get().map_or(0, |p| value_bytes(p))
+            + f.parameters.get().map_or(0, |p| value_bytes(p.value()))
             + extra(&f.extra)
     });
     64 + tool.kind.len() + function + extra(&tool.extra)

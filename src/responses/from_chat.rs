@@ -360,7 +360,7 @@ fn flat_tool(tool: &Tool) -> Value {
         );
         put(
             "parameters",
-            nullable_value(&function.parameters, |p| Value::clone(p)),
+            nullable_value(&function.parameters, |p| p.value().clone()),
         );
         flat.extend(function.extra.clone());
     }

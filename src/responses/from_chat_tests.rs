@@ -447,9 +447,9 @@ fn a_kept_tool_goes_as_the_client_wrote_it_and_a_changed_one_does_not() {
     if let Nullable::Value(tools) = &mut rewritten.tools
         && let Some(function) = tools[1].function.as_mut()
     {
-        function.parameters = Nullable::Value(std::sync::Arc::new(
+        function.parameters = Nullable::Value(std::sync::Arc::new(crate::openai::Schema::new(
             json!({"type": "object", "properties": {}}),
-        ));
+        )));
     }
     let back = from_chat(&converted, &rewritten);
     assert_eq!(back["tools"][0], client["tools"][0]);

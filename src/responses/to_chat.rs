@@ -11,7 +11,7 @@ use super::{ResponsesBody, invalid, is_chained};
 use crate::error::ProxyError;
 use crate::openai::{
     ChatRequest, Content, ContentPart, Extra, FunctionCall, FunctionDefinition, Message, Nullable,
-    Role, Tool, ToolCall,
+    Role, Schema, Tool, ToolCall,
 };
 
 /// Fields of a Responses body the conversion reads or writes; the others ride along in the chat
@@ -77,7 +77,7 @@ impl ClientTool {
                 nullable(&function.description, |d| FieldRef::Str(d))
             }
             ("parameters", Some(function)) => {
-                nullable(&function.parameters, |p| FieldRef::Value(p))
+                nullable(&function.parameters, |p| FieldRef::Value(p.value()))
             }
             (_, Some(function)) => function.extra.get(key).map(FieldRef::Value),
             (_, None) => tool.extra.get(key).map(FieldRef::Value),
@@ -719,7 +719,7 @@ fn tools_of(body: &mut ResponsesBody) -> Result<Option<Vec<ClientTool>>, ProxyEr
                 let parameters = match rest.remove("parameters") {
                     None => Nullable::Absent,
                     Some(Value::Null) => Nullable::Null,
-                    Some(value) => Nullable::Value(std::sync::Arc::new(value)),
+                    Some(value) => Nullable::Value(std::sync::Arc::new(Schema::new(value))),
                 };
                 Tool {
                     kind,
