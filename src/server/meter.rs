@@ -62,6 +62,8 @@ pub struct ResponseMeter {
     /// The usage of a JSON answer, when what read the answer before the relay had it: the
     /// answer is then not kept to be read again.
     answer_usage: Option<Usage>,
+    /// Bytes of a JSON answer seen: one over `MAX_JSON_BYTES` is not counted, read or not.
+    json_bytes: usize,
 }
 
 impl ResponseMeter {
@@ -86,6 +88,7 @@ impl ResponseMeter {
             expanded: false,
             api: Api::Chat,
             answer_usage: None,
+            json_bytes: 0,
         }
     }
 
@@ -217,6 +220,10 @@ impl ResponseMeter {
 impl BodyObserver for ResponseMeter {
     fn on_data(&mut self, data: &Bytes) {
         if !self.streamed {
+            self.json_bytes += data.len();
+            if self.json_bytes > MAX_JSON_BYTES {
+                self.answer_usage = None;
+            }
             if self.answer_usage.is_none() && self.json.len() + data.len() <= MAX_JSON_BYTES {
                 self.json.extend_from_slice(data);
             }

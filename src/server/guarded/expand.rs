@@ -567,25 +567,36 @@ async fn expand_json(
 
 /// The fields of a JSON answer that the watch for stub calls reads, and that the merge of a
 /// re-asked answer reads of the earlier ones: a chat completion's `choices`, a Response's
-/// `output`, and `usage`. `None` when the answer is not a JSON object.
+/// `output`, and `usage`; every other field is skipped, not parsed. Read as a JSON object is
+/// (a repeated field's last value), `None` when the answer is not a JSON object.
 fn watched_fields(bytes: &[u8]) -> Option<Value> {
-    #[derive(serde::Deserialize)]
-    struct Watched {
-        choices: Option<Value>,
-        output: Option<Value>,
-        usage: Option<Value>,
+    struct Watched;
+    impl<'de> serde::de::Visitor<'de> for Watched {
+        type Value = serde_json::Map<String, Value>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("a JSON object")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut fields = serde_json::Map::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if matches!(key.as_ref(), "choices" | "output" | "usage") {
+                    fields.insert(key.into_owned(), map.next_value::<Value>()?);
+                } else {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            Ok(fields)
+        }
     }
-    let watched: Watched = serde_json::from_slice(bytes).ok()?;
-    let fields = [
-        ("choices", watched.choices),
-        ("output", watched.output),
-        ("usage", watched.usage),
-    ];
-    let object = fields
-        .into_iter()
-        .filter_map(|(key, value)| Some((key.to_owned(), value?)))
-        .collect();
-    Some(Value::Object(object))
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let fields = serde::Deserializer::deserialize_map(&mut deserializer, Watched).ok()?;
+    deserializer.end().ok()?;
+    Some(Value::Object(fields))
 }
 
 /// Adds the tools asked again for to `expanded`, once each.
@@ -807,6 +818,38 @@ async fn relay<S: Splicer>(mut call: ExpandCall, first: Body, events: &Events, m
                 forward(events, rewriter.error_event(&e)).await;
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::watched_fields;
+
+    #[test]
+    fn an_answer_is_read_for_its_calls_and_usage_as_a_json_object_reads() {
+        let answer = br#"{"id":"r","instructions":"long","tools":[{"type":"function"}],
+            "output":[{"type":"function_call","name":"a"}],"usage":{"input_tokens":1},
+            "output":[{"type":"function_call","name":"b"}]}"#;
+        assert_eq!(
+            watched_fields(answer),
+            Some(
+                json!({"output": [{"type": "function_call", "name": "b"}], "usage": {"input_tokens": 1}})
+            )
+        );
+        assert_eq!(
+            watched_fields(br#"{"choices":[],"model":"m"}"#),
+            Some(json!({"choices": []}))
+        );
+        for not_an_object in [
+            &b"[[], [], {}]"[..],
+            b"\"text\"",
+            b"{\"choices\":[]} trailing",
+            b"{",
+        ] {
+            assert_eq!(watched_fields(not_an_object), None);
         }
     }
 }
