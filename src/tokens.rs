@@ -328,12 +328,12 @@ impl TokenCounter {
         let parameters = function
             .parameters
             .get()
-            .map(|p| serde_json::to_string(p).unwrap_or_default())
+            .and_then(|p| p.json())
             .unwrap_or_default();
         TOKENS_PER_TOOL
             + self.text(&function.name)
             + function.description.get().map_or(0, |d| self.text(d))
-            + self.text(&parameters)
+            + self.text(parameters)
     }
 
     fn message_key(&self, message: &Message) -> u64 {

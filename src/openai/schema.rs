@@ -1,7 +1,8 @@
 //! A tool's JSON Schema (`parameters`): shared by every copy of a request (`Arc`), never changed,
-//! and hashed once. A request's tools are counted and keyed many times per request (every
-//! earlier point of a conversation, every budget step), and walking each schema for its hash was
-//! a tenth of a warm request's instructions.
+//! and hashed and serialized once. A request's tools are counted and keyed many times per
+//! request (every earlier point of a conversation, every budget step), and walking each schema
+//! for its hash was a tenth of a warm request's instructions; writing the schemas of the tools
+//! sent was another twentieth.
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
@@ -9,12 +10,14 @@ use std::sync::OnceLock;
 use foldhash::quality::FixedState;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-/// A JSON Schema, as the client wrote it, and the hash of its content once computed.
+/// A JSON Schema, as the client wrote it, and its hash and compact JSON once computed.
 #[derive(Debug, Clone, Default)]
 pub struct Schema {
     value: Value,
     hash: OnceLock<u64>,
+    json: OnceLock<Option<Box<RawValue>>>,
 }
 
 const SCHEMA_SEED: u64 = 0x7363_6865_6d61_0001;
@@ -24,7 +27,16 @@ impl Schema {
         Schema {
             value,
             hash: OnceLock::new(),
+            json: OnceLock::new(),
         }
+    }
+
+    /// The schema as compact JSON (what `serde_json::to_string` writes), written on first use.
+    pub fn json(&self) -> Option<&str> {
+        self.json
+            .get_or_init(|| serde_json::value::to_raw_value(&self.value).ok())
+            .as_deref()
+            .map(RawValue::get)
     }
 
     pub fn value(&self) -> &Value {
@@ -59,7 +71,13 @@ impl Eq for Schema {}
 
 impl Serialize for Schema {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.value.serialize(serializer)
+        match self
+            .json
+            .get_or_init(|| serde_json::value::to_raw_value(&self.value).ok())
+        {
+            Some(json) => json.serialize(serializer),
+            None => self.value.serialize(serializer),
+        }
     }
 }
 
@@ -100,6 +118,11 @@ mod tests {
         let text = r#"{"type":"object","properties":{"id":{"type":"string","minimum":1.5}}}"#;
         let schema: Schema = serde_json::from_str(text).unwrap();
         assert_eq!(serde_json::to_string(&schema).unwrap(), text);
+        assert_eq!(serde_json::to_string(&schema).unwrap(), text);
+        assert_eq!(schema.json(), Some(text));
+        assert_eq!(serde_json::to_value(&schema).unwrap(), *schema.value());
+        let wrapped = serde_json::json!({"parameters": schema.clone()});
+        assert_eq!(wrapped["parameters"], *schema.value());
         let same = Schema::new(
             json!({"type": "object", "properties": {"id": {"type": "string", "minimum": 1.5}}}),
         );

@@ -77,7 +77,7 @@ impl ClientTool {
                 nullable(&function.description, |d| FieldRef::Str(d))
             }
             ("parameters", Some(function)) => {
-                nullable(&function.parameters, |p| FieldRef::Value(p.value()))
+                nullable(&function.parameters, |p| FieldRef::Schema(p))
             }
             (_, Some(function)) => function.extra.get(key).map(FieldRef::Value),
             (_, None) => tool.extra.get(key).map(FieldRef::Value),
@@ -93,6 +93,7 @@ impl ClientTool {
                 let value = match self.field(key)? {
                     FieldRef::Str(text) => Value::String(text.to_owned()),
                     FieldRef::Value(value) => value.clone(),
+                    FieldRef::Schema(schema) => schema.value().clone(),
                     FieldRef::Null => Value::Null,
                 };
                 Some((key.clone(), value))
@@ -106,6 +107,8 @@ impl ClientTool {
 enum FieldRef<'a> {
     Str(&'a str),
     Value(&'a Value),
+    /// Written from its JSON, kept with it.
+    Schema(&'a Schema),
     Null,
 }
 
@@ -114,6 +117,7 @@ impl serde::Serialize for FieldRef<'_> {
         match self {
             FieldRef::Str(text) => serializer.serialize_str(text),
             FieldRef::Value(value) => value.serialize(serializer),
+            FieldRef::Schema(schema) => schema.serialize(serializer),
             FieldRef::Null => serializer.serialize_unit(),
         }
     }
