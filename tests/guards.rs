@@ -420,3 +420,139 @@ async fn nothing_changes_when_the_guards_are_off() {
     assert_eq!(answer["choices"][0]["finish_reason"], "length");
     assert_eq!(chat_count(&mock), before + 1);
 }
+
+async fn post_responses(
+    proxy: &Proxy,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client().post(proxy.url("/v1/responses")).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+fn responses_count(mock: &Mock) -> u64 {
+    MockStats::get(&mock.stats.responses_requests)
+}
+
+/// The text of a Response's message items.
+fn response_text(response: &Value) -> String {
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .flat_map(|item| item["content"].as_array().unwrap())
+        .map(|part| part["text"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_cut_response_is_continued_and_merged_into_one_message() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "[continuation]\nenabled = true\n").await;
+    let headers = [("X-Mock-Reply", STORY), ("X-Mock-Overlap", "9")];
+    let request = json!({"model": "gpt-4o", "max_output_tokens": 8,
+        "input": "Tell me a short story.", "store": false});
+
+    let answer: Value = post_responses(&proxy, &request, &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(response_text(&answer), STORY);
+    assert_eq!(answer["status"], "completed", "{answer}");
+    assert_eq!(answer["incomplete_details"], Value::Null);
+    let messages = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .count();
+    assert_eq!(messages, 1, "one message item: {answer}");
+    let calls = responses_count(&mock);
+    assert!((3..=4).contains(&calls), "{calls}");
+    let output = answer["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(
+        output > 8 * (calls - 1) && output <= 8 * calls,
+        "{output} over {calls} parts"
+    );
+    assert_eq!(
+        proxy
+            .metric("ctxproxy_continuations_total", &[("outcome", "completed")])
+            .await,
+        1.0
+    );
+
+    // A stream is relayed as the upstream cut it; so is every answer with the guard off.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let text = post_responses(&proxy, &streamed, &headers)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("event: response.incomplete"), "{text}");
+    let unguarded = proxy_for(&mock, "").await;
+    let answer: Value = post_responses(&unguarded, &request, &headers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "incomplete");
+    assert_eq!(answer["incomplete_details"]["reason"], "max_output_tokens");
+}
+
+#[tokio::test]
+async fn a_claimed_action_in_a_response_is_flagged_and_repaired() {
+    let mock = start_mock(MockOptions::default()).await;
+    let claim = [(
+        "X-Mock-Reply",
+        "Done! I've created the ticket for the printer.",
+    )];
+    let request = json!({"model": "gpt-4o", "store": false,
+        "input": [{"role": "user", "content": "Create a ticket about the broken printer."}],
+        "tools": [{"type": "function", "name": "create_ticket",
+            "parameters": {"type": "object", "properties": {"title": {"type": "string"}},
+                "required": ["title"]}}]});
+    let flagging = proxy_for(&mock, "[action_check]\nenabled = true\n").await;
+    let answer = post_responses(&flagging, &request, &claim).await;
+    assert_eq!(
+        answer.headers()["x-ctxproxy-warning"],
+        "action-claimed-without-tool-call"
+    );
+    let body: Value = answer.json().await.unwrap();
+    assert!(response_text(&body).starts_with("Done!"), "{body}");
+
+    let repairing = proxy_for(
+        &mock,
+        "[pipeline.compact]\nrecall = false\n[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n[action_check]\nenabled = true\nretry = true\nretry_note = \"No tool was called. Call it now. [mock:tool_call]\"\n",
+    )
+    .await;
+    let before = responses_count(&mock);
+    let answer = post_responses(&repairing, &request, &claim).await;
+    assert_eq!(
+        answer.headers()["x-ctxproxy-repaired"],
+        "action-claimed-without-tool-call"
+    );
+    let body: Value = answer.json().await.unwrap();
+    let call = body["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(call["name"], "create_ticket");
+    assert_eq!(responses_count(&mock), before + 2);
+    assert_eq!(
+        repairing
+            .metric(
+                "ctxproxy_action_claims_without_tool_call_total",
+                &[("repair", "repaired")]
+            )
+            .await,
+        1.0
+    );
+}

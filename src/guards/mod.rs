@@ -2,8 +2,8 @@
 //! conversations get a reminder at the end of the system message (applied by the pipeline, see
 //! `pipeline::run`), and answers that claim an action without a tool call are flagged and
 //! optionally retried ([`claims`]). All three are off by default and set globally or per route
-//! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`])
-//! and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
+//! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`];
+//! a Response's in [`responses_json`]) and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
 //! and of calls that fail their schema ([`arguments`]), in chat's stream and in the Responses
 //! event stream ([`responses_expand`]); the calls they need live in
 //! `server::guarded`.
@@ -16,6 +16,7 @@ pub mod continuation;
 pub mod expand;
 pub mod json;
 pub mod responses_expand;
+pub mod responses_json;
 pub mod stream;
 
 pub use config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};

@@ -159,6 +159,14 @@ impl Converted {
         body
     }
 
+    /// The client's tools as it wrote them (hosted ones included), when it sent any.
+    pub fn client_tools(&self) -> Option<Value> {
+        let tools = self.tools.as_ref()?;
+        Some(Value::Array(
+            tools.iter().map(ClientTool::to_json).collect(),
+        ))
+    }
+
     /// Whether the upstream keeps the Response (`store` is true unless the client says false).
     pub fn stored(&self) -> bool {
         self.body.get("store") != Some(&Value::Bool(false))

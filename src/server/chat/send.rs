@@ -340,13 +340,14 @@ impl ChatCall<'_> {
             body = all_full;
             expansion = None;
         }
-        // The guards read chat answers.
-        let guard = (sending.optimize && self.api() == Api::Chat)
+        let guard = sending
+            .optimize
             .then(|| {
                 GuardCall::new(
                     state,
                     self.upstream,
                     &self.chat,
+                    self.responses.as_deref(),
                     sending.sent(&body),
                     self.budget(),
                 )

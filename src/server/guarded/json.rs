@@ -8,8 +8,7 @@ use serde_json::Value;
 
 use super::{Flags, GuardCall, read_whole};
 use crate::error::ProxyError;
-use crate::guards::continuation::retry_body;
-use crate::guards::json::{self, Appended};
+use crate::guards::json::Appended;
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::upstream::UpstreamResponse;
 
@@ -28,8 +27,9 @@ pub(super) async fn guard_json(
         return Ok((rebuilt(parts, bytes), Flags::default()));
     };
     let guards = call.guards();
+    let decide = call.decisions();
     let mut changed = false;
-    if guards.continuation.enabled && json::is_cut(&completion) {
+    if guards.continuation.enabled && decide.is_cut(&completion) {
         let outcome = continue_json(call, &mut completion).await;
         call.count_continuation(outcome);
         changed = true;
@@ -38,13 +38,13 @@ pub(super) async fn guard_json(
     let check = &guards.action_check;
     if check.enabled
         && call.tools_offered
-        && let Some(claim) = json::claim(&completion, &check.patterns)
+        && let Some(claim) = decide.claim(&completion, &check.patterns)
     {
         flags.claimed_without_tool_call = true;
         if check.retry {
-            let body = retry_body(
+            let body = decide.retry_request(
                 &call.sent,
-                claim,
+                &claim,
                 &check.retry_note,
                 call.client_tools.as_ref(),
             );
@@ -52,9 +52,9 @@ pub(super) async fn guard_json(
                 Some(body) => call.send_json(body).await,
                 None => None,
             };
-            match retry.filter(json::calls_a_tool) {
+            match retry.filter(|retry| decide.calls_a_tool(retry)) {
                 Some(retry) => {
-                    completion = json::repaired(&completion, retry);
+                    completion = decide.repaired(&completion, retry);
                     changed = true;
                     flags.repaired = true;
                     call.count_claim(ClaimRepair::Repaired);
@@ -79,8 +79,9 @@ pub(super) async fn guard_json(
 /// outcome.
 async fn continue_json(call: &GuardCall, completion: &mut Value) -> ContinuationOutcome {
     let config = &call.guards().continuation;
+    let decide = call.decisions();
     for _ in 0..config.max_attempts {
-        let Some(body) = json::continuation_request(completion, &call.sent, &config.instruction)
+        let Some(body) = decide.continuation_request(completion, &call.sent, &config.instruction)
         else {
             return ContinuationOutcome::Error;
         };
@@ -90,7 +91,7 @@ async fn continue_json(call: &GuardCall, completion: &mut Value) -> Continuation
         let Some(next) = call.send_json(body).await else {
             return ContinuationOutcome::Error;
         };
-        match json::append(completion, &next) {
+        match decide.append(completion, &next) {
             Appended::NotText => return ContinuationOutcome::Error,
             Appended::Finished => return ContinuationOutcome::Completed,
             Appended::CutAgain => {}

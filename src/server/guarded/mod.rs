@@ -26,8 +26,10 @@ use super::SharedState;
 use crate::error::ProxyError;
 use crate::guards::Guards;
 use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
+use crate::guards::json::Decisions;
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
-use crate::openai::ChatRequest;
+use crate::openai::{Api, ChatRequest};
+use crate::responses;
 use crate::tokens::Encoding;
 use crate::upstream::{OutgoingBody, Upstream, UpstreamResponse, interrupted, is_event_stream};
 
@@ -49,8 +51,10 @@ pub struct GuardCall {
     usage_asked: bool,
     budget: Option<Budget>,
     tools_offered: bool,
-    /// The client's tools, for a retry (only when retries are on).
+    /// The client's tools, in its API's form, for a retry (only when retries are on).
     client_tools: Option<Value>,
+    /// The API the request and its answers speak.
+    api: Api,
 }
 
 /// The request as it was sent upstream, when the whole answer must have arrived, and whether
@@ -91,13 +95,15 @@ impl Flags {
 }
 
 impl GuardCall {
-    /// The guards of `upstream` over its answer to `chat`, sent as `sent`; `budget`: the
-    /// request's token budget, when the budget applies to it. `None` when no guard watches the
-    /// answer (all off, or only the action check and no tools offered).
+    /// The guards of `upstream` over its answer to `chat`, sent as `sent` (the Responses body
+    /// `responses` was read from, when it is one); `budget`: the request's token budget, when
+    /// the budget applies to it. `None` when no guard watches the answer (all off, or only the
+    /// action check and no tools offered).
     pub fn new(
         state: &SharedState,
         upstream: &Arc<Upstream>,
         chat: &ChatRequest,
+        responses: Option<&responses::Converted>,
         sent: Sent<'_>,
         budget: Option<usize>,
     ) -> Option<GuardCall> {
@@ -128,8 +134,20 @@ impl GuardCall {
             tools_offered,
             client_tools: tools
                 .filter(|_| check.enabled && check.retry)
-                .and_then(|t| serde_json::to_value(t).ok()),
+                .and_then(|t| match responses {
+                    Some(converted) => converted.client_tools(),
+                    None => serde_json::to_value(t).ok(),
+                }),
+            api: if responses.is_some() {
+                Api::Responses
+            } else {
+                Api::Chat
+            },
         })
+    }
+
+    fn decisions(&self) -> Decisions {
+        Decisions(self.api)
     }
 
     /// The request the answer being guarded answers, when a re-ask changed it.
@@ -176,7 +194,14 @@ impl GuardCall {
             return true;
         };
         let counter = self.state.tokenizers.for_encoding(budget.encoding);
-        ChatRequest::parse(body).is_ok_and(|request| counter.request(&request) <= budget.max_tokens)
+        let request = match self.api {
+            Api::Chat => ChatRequest::parse(body).ok(),
+            Api::Responses => responses::parse(body)
+                .and_then(responses::to_chat)
+                .ok()
+                .map(|(chat, _)| chat),
+        };
+        request.is_some_and(|request| counter.request(&request) <= budget.max_tokens)
     }
 
     fn count_continuation(&self, outcome: ContinuationOutcome) {
@@ -233,8 +258,10 @@ pub(super) async fn read_whole(
     Ok((parts, bytes, started))
 }
 
-/// Guards a successful answer: JSON answers are read whole and rewritten when needed; streams
-/// are passed through a task that continues them in place.
+/// Guards a successful answer: JSON answers are read whole and rewritten when needed; chat
+/// streams are passed through a task that continues them in place. A Responses event stream
+/// is relayed as it comes (continuing one would merge two Responses' items under one id in the
+/// events: not built).
 pub async fn guard(
     call: GuardCall,
     answer: UpstreamResponse,
@@ -243,6 +270,9 @@ pub async fn guard(
         return Ok((answer, Flags::default()));
     }
     if is_event_stream(answer.response.headers()) {
+        if call.api == Api::Responses {
+            return Ok((answer, Flags::default()));
+        }
         return Ok((stream::guard_stream(call, answer), Flags::default()));
     }
     if too_large(&answer) {
