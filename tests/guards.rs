@@ -437,6 +437,14 @@ fn responses_count(mock: &Mock) -> u64 {
     MockStats::get(&mock.stats.responses_requests)
 }
 
+/// The events of a Responses stream, in order.
+fn read_events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
 /// The text of a Response's message items.
 fn response_text(response: &Value) -> String {
     response["output"]
@@ -486,9 +494,63 @@ async fn a_cut_response_is_continued_and_merged_into_one_message() {
         1.0
     );
 
-    // A stream is relayed as the upstream cut it; so is every answer with the guard off.
+    // The same as a stream: one Response, its events numbered in order, one message.
     let mut streamed = request.clone();
     streamed["stream"] = json!(true);
+    let text = post_responses(&proxy, &streamed, &headers)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let events = read_events(&text);
+    let sequence: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sequence,
+        (0..events.len() as u64).collect::<Vec<_>>(),
+        "{text}"
+    );
+    let of = |kind: &str| -> Vec<&Value> { events.iter().filter(|e| e["type"] == kind).collect() };
+    assert_eq!(of("response.created").len(), 1);
+    let deltas: String = of("response.output_text.delta")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, STORY);
+    let item_ids: Vec<&Value> = of("response.output_text.delta")
+        .iter()
+        .map(|e| &e["item_id"])
+        .collect();
+    assert!(
+        item_ids.windows(2).all(|w| w[0] == w[1]),
+        "one message item"
+    );
+    assert_eq!(of("response.output_text.done")[0]["text"], STORY);
+    assert_eq!(of("response.output_item.added").len(), 1, "{text}");
+    let done = of("response.output_item.done");
+    assert_eq!(
+        (done.len(), &done[0]["item"]["status"]),
+        (1, &json!("completed"))
+    );
+    assert!(of("response.incomplete").is_empty(), "{text}");
+    let completed = of("response.completed");
+    assert_eq!(completed.len(), 1);
+    let whole = &completed[0]["response"];
+    assert_eq!(whole["id"], of("response.created")[0]["response"]["id"]);
+    assert_eq!(response_text(whole), STORY);
+    assert_eq!(whole["usage"]["output_tokens"].as_u64(), Some(output));
+    assert_eq!(
+        proxy
+            .metric("ctxproxy_continuations_total", &[("outcome", "completed")])
+            .await,
+        2.0
+    );
+
+    // A stored Response streams under the first part's id: relayed as the upstream cut it
+    // (its stored copy would not be what the client got). So is every answer with the guard off.
+    streamed["store"] = json!(true);
     let text = post_responses(&proxy, &streamed, &headers)
         .await
         .text()
@@ -525,6 +587,22 @@ async fn a_claimed_action_in_a_response_is_flagged_and_repaired() {
     );
     let body: Value = answer.json().await.unwrap();
     assert!(response_text(&body).starts_with("Done!"), "{body}");
+    // A stream says it in an SSE comment, before its terminal event.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let text = post_responses(&flagging, &streamed, &claim)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let comment = text
+        .find(": x-ctxproxy-warning: action-claimed-without-tool-call")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(comment < text.find("event: response.completed").unwrap());
+    assert_eq!(
+        read_events(&text).last().unwrap()["type"],
+        "response.completed"
+    );
 
     let repairing = proxy_for(
         &mock,

@@ -17,6 +17,7 @@ pub mod expand;
 pub mod json;
 pub mod responses_expand;
 pub mod responses_json;
+pub mod responses_stream;
 pub mod stream;
 
 pub use config::{ActionCheckConfig, ContinuationConfig, Guards, ReinforcementConfig};

@@ -232,5 +232,19 @@ assert len(streamed_calls) == 1 and streamed_calls[0].name == "get_weather", fin
 assert json.loads(streamed_calls[0].arguments) == {"city": "mock"}, streamed_calls[0]
 assert final.usage.input_tokens > 0, final.usage
 
+# A Response cut at max_output_tokens is continued as a chat answer is, in JSON and in the
+# event stream ([continuation] is on): one message, one Response, the whole text.
+story = "The keeper climbed the stairs, lit the lamp and watched the ships until dawn."
+cut_response = dict(model=MODEL, store=False, max_output_tokens=5, input="A short story",
+                    extra_headers={"X-Mock-Reply": story, "X-Mock-Overlap": "6"})
+whole = client.responses.create(**cut_response)
+assert whole.status == "completed" and whole.output_text == story, whole
+with client.responses.stream(**cut_response) as events:
+    kinds = [event.type for event in events]
+    final = events.get_final_response()
+assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed", kinds
+assert final.output_text == story and final.status == "completed", final
+assert [item.type for item in final.output] == ["message"], final.output
+
 print("openai SDK checks passed")
 sys.exit(0)

@@ -55,6 +55,8 @@ pub struct GuardCall {
     client_tools: Option<Value>,
     /// The API the request and its answers speak.
     api: Api,
+    /// The upstream keeps the Response (a Responses request without `store: false`).
+    stored: bool,
 }
 
 /// The request as it was sent upstream, when the whole answer must have arrived, and whether
@@ -143,6 +145,7 @@ impl GuardCall {
             } else {
                 Api::Chat
             },
+            stored: responses.is_some_and(responses::Converted::stored),
         })
     }
 
@@ -258,10 +261,8 @@ pub(super) async fn read_whole(
     Ok((parts, bytes, started))
 }
 
-/// Guards a successful answer: JSON answers are read whole and rewritten when needed; chat
-/// streams are passed through a task that continues them in place. A Responses event stream
-/// is relayed as it comes (continuing one would merge two Responses' items under one id in the
-/// events: not built).
+/// Guards a successful answer: JSON answers are read whole and rewritten when needed; streams
+/// are passed through a task that continues them in place.
 pub async fn guard(
     call: GuardCall,
     answer: UpstreamResponse,
@@ -270,9 +271,6 @@ pub async fn guard(
         return Ok((answer, Flags::default()));
     }
     if is_event_stream(answer.response.headers()) {
-        if call.api == Api::Responses {
-            return Ok((answer, Flags::default()));
-        }
         return Ok((stream::guard_stream(call, answer), Flags::default()));
     }
     if too_large(&answer) {

@@ -16,6 +16,7 @@ use crate::body::{EndedEarly, drain};
 use crate::error::ProxyError;
 use crate::guards::expand::{self, ExpandStream};
 use crate::guards::responses_expand::ResponsesExpandStream;
+use crate::guards::responses_stream::ResponsesStreamRewriter;
 use crate::guards::stream::{self, Relay, StreamRewriter};
 use crate::metrics::{Metrics, UpstreamError};
 use crate::openai::sse::{Ending, StreamProgress};
@@ -82,6 +83,26 @@ impl PartRewriter for ResponsesExpandStream {
 
     fn progress(&self) -> &StreamProgress {
         ResponsesExpandStream::progress(self)
+    }
+
+    fn error_event(&self, error: &ProxyError) -> Bytes {
+        error.responses_sse_event()
+    }
+}
+
+impl PartRewriter for ResponsesStreamRewriter<'_> {
+    type End = stream::PartEnd;
+
+    fn push(&mut self, data: &[u8]) -> Relay {
+        ResponsesStreamRewriter::push(self, data)
+    }
+
+    fn end_part(&mut self) -> stream::PartEnd {
+        ResponsesStreamRewriter::end_part(self)
+    }
+
+    fn progress(&self) -> &StreamProgress {
+        ResponsesStreamRewriter::progress(self)
     }
 
     fn error_event(&self, error: &ProxyError) -> Bytes {

@@ -1,14 +1,17 @@
-//! A streamed answer guarded: a task pumps the upstream's parts through the pure
-//! `guards::stream::StreamRewriter`, forwards what it gives back to the client, and asks the
-//! upstream for the next part when it says so.
+//! A streamed answer guarded: a task pumps the upstream's parts through a pure rewriter
+//! (`guards::stream::StreamRewriter` for chat, `guards::responses_stream` for the Responses
+//! API), forwards what it gives back to the client, and asks the upstream for the next part when
+//! it says so.
 
 use axum::body::Body;
 use axum::http::{Response, header};
 
 use super::GuardCall;
-use super::pump::{Events, channel_body, forward, forward_all, pump};
+use super::pump::{Events, PartRewriter, channel_body, forward, forward_all, pump};
+use crate::guards::responses_stream::ResponsesStreamRewriter;
 use crate::guards::stream::{Finish, Next, PartEnd, StreamRewriter};
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
+use crate::openai::Api;
 use crate::upstream::{UpstreamResponse, is_event_stream};
 
 /// The answer relayed by a task; its deadline stays the request's (the relay applies it to
@@ -25,15 +28,61 @@ pub(super) fn guard_stream(call: GuardCall, answer: UpstreamResponse) -> Upstrea
     }
 }
 
-/// Relays every part of the answer as one; returns early when the client is gone or the
-/// answer was cut.
+/// A rewriter the stream guards drive: one API's events, continued part after part.
+trait GuardRewriter: PartRewriter<End = PartEnd> {
+    fn continued(&mut self);
+    fn give_up(&mut self, outcome: ContinuationOutcome) -> Finish;
+}
+
+impl GuardRewriter for StreamRewriter<'_> {
+    fn continued(&mut self) {
+        StreamRewriter::continued(self);
+    }
+
+    fn give_up(&mut self, outcome: ContinuationOutcome) -> Finish {
+        StreamRewriter::give_up(self, outcome)
+    }
+}
+
+impl GuardRewriter for ResponsesStreamRewriter<'_> {
+    fn continued(&mut self) {
+        ResponsesStreamRewriter::continued(self);
+    }
+
+    fn give_up(&mut self, outcome: ContinuationOutcome) -> Finish {
+        ResponsesStreamRewriter::give_up(self, outcome)
+    }
+}
+
+/// Relays every part of the answer as one, in its API's events.
 async fn relay(call: &GuardCall, first: Body, events: &Events) {
-    let mut rewriter = StreamRewriter::new(
-        call.guards(),
-        call.tools_offered,
-        &call.sent,
-        call.upstream.config.max_event_bytes,
-    );
+    let (guards, max_event) = (call.guards(), call.upstream.config.max_event_bytes);
+    match call.api {
+        Api::Chat => {
+            let rewriter = StreamRewriter::new(guards, call.tools_offered, &call.sent, max_event);
+            relay_parts(call, rewriter, first, events).await;
+        }
+        Api::Responses => {
+            let rewriter = ResponsesStreamRewriter::new(
+                guards,
+                call.tools_offered,
+                call.stored,
+                &call.sent,
+                max_event,
+            );
+            relay_parts(call, rewriter, first, events).await;
+        }
+    }
+}
+
+/// Relays the parts through `rewriter`; returns early when the client is gone or the answer
+/// was cut.
+async fn relay_parts(
+    call: &GuardCall,
+    mut rewriter: impl GuardRewriter,
+    first: Body,
+    events: &Events,
+) {
     let mut body = first;
     let finish = loop {
         let pumped = pump(
