@@ -1,6 +1,6 @@
 //! Writes the BPE vocabularies the proxy embeds (o200k_base, cl100k_base) into `OUT_DIR`, each
-//! beside a hash of its bytes: `tokens::vocabulary` reads them back from the binary's file and
-//! checks them against that hash (see there for why).
+//! beside the hashes of its chunks: `tokens::vocabulary` reads them back from the binary's file
+//! and checks every chunk against its hash before decoding it (see there for why).
 #![allow(clippy::expect_used)] // a build that cannot write its vocabularies must stop
 
 use std::hash::{DefaultHasher, Hasher};
@@ -14,14 +14,23 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
 }
 
+/// Bytes per hashed chunk of a vocabulary.
+const CHUNK: usize = 64 * 1024;
+
 fn write(out: &Path, name: &str, bpe: &bpe_openai::byte_pair_encoding::BytePairEncoding) {
     let bytes = rmp_serde::to_vec(bpe).expect("a vocabulary serializes");
-    let mut hasher = DefaultHasher::new();
-    hasher.write(&bytes);
+    let hashes: Vec<String> = bytes
+        .chunks(CHUNK)
+        .map(|chunk| {
+            let mut hasher = DefaultHasher::new();
+            hasher.write(chunk);
+            format!("{}u64", hasher.finish())
+        })
+        .collect();
     std::fs::write(out.join(format!("{name}.dict")), &bytes).expect("OUT_DIR is writable");
     std::fs::write(
-        out.join(format!("{name}.hash")),
-        format!("{}u64", hasher.finish()),
+        out.join(format!("{name}.chunks")),
+        format!("({CHUNK}usize, &[{}])", hashes.join(", ")),
     )
     .expect("OUT_DIR is writable");
 }

@@ -487,6 +487,20 @@ mod tests {
         assert!(counter.request(&tools) > TOOLS_FRAMING + TOKENS_PER_TOOL);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn token_ids_are_the_tokenizer_crates(
+            text in "(\\PC{0,40}|[ -~\t\n]{0,80})",
+        ) {
+            for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                proptest::prop_assert_eq!(
+                    encoding.encode(&text),
+                    reference(encoding).encode(text.as_str())
+                );
+            }
+        }
+    }
+
     #[test]
     fn piece_cache_counts_like_the_tokenizer() {
         let texts = [

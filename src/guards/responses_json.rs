@@ -122,9 +122,16 @@ pub fn retry_request(
 /// that chains on it goes on from all of it. `next`'s reasoning items are left out (they would
 /// stand before no item of their own).
 pub fn append(response: &mut Value, next: &Value) -> Appended {
+    // A part cut while it was still reasoning said nothing yet: asked again, it may.
+    let reasoned_only = || {
+        let only_reasoning = output(next)
+            .iter()
+            .all(|item| item_type(item) == Some("reasoning"));
+        (stopped_at_limit(next) && only_reasoning).then(String::new)
+    };
     let (Some(said), Some(text), Some(at)) = (
         text_answer(response),
-        text_answer(next),
+        text_answer(next).or_else(reasoned_only),
         message_index(response),
     ) else {
         return Appended::NotText;
@@ -334,6 +341,11 @@ mod tests {
         );
         assert_eq!(answer["status"], "incomplete");
         assert_eq!(append(&mut answer, &call("r3")), Appended::NotText);
+        assert_eq!(text_answer(&answer).as_deref(), Some("One two"));
+        // A part cut while reasoning adds nothing and is asked again.
+        let mut reasoning_only = response("r4", "", true, 2);
+        reasoning_only["output"].as_array_mut().unwrap().pop();
+        assert_eq!(append(&mut answer, &reasoning_only), Appended::CutAgain);
         assert_eq!(text_answer(&answer).as_deref(), Some("One two"));
     }
 

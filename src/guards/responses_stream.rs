@@ -63,6 +63,9 @@ pub struct ResponsesStreamRewriter<'a> {
     /// No item but reasoning and one message so far.
     text_only: bool,
     message: Option<MessageAt>,
+    /// The message may be continued: it is the last item so far, with one content part, and
+    /// its end events are held (released as soon as anything follows them).
+    continuable: bool,
     /// The items the client got, as their `output_item.done` carried them.
     output: Vec<Value>,
     /// The first part's message end events, held while the answer may be continued.
@@ -73,9 +76,11 @@ pub struct ResponsesStreamRewriter<'a> {
     cut: Option<(Value, Bytes)>,
     usage: Option<Value>,
     response_id: Option<Value>,
-    /// A later part: the upstream `output_index` of its message, what was said before it, and
-    /// its first text while it may repeat the end of that.
+    /// A later part: the upstream `output_index` of its message, whether it gave anything but
+    /// reasoning and that message, what was said before it, and its first text while it may
+    /// repeat the end of that.
     part_message: Option<u64>,
+    part_not_text: bool,
     said_before: String,
     start: String,
     start_decided: bool,
@@ -106,6 +111,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
             said: String::new(),
             text_only: true,
             message: None,
+            continuable: false,
             output: Vec::new(),
             ends: Vec::new(),
             terminal: None,
@@ -113,6 +119,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
             usage: None,
             response_id: None,
             part_message: None,
+            part_not_text: false,
             said_before: String::new(),
             start: String::new(),
             start_decided: true,
@@ -161,6 +168,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
         self.progress = StreamProgress::responses();
         self.terminal = None;
         self.part_message = None;
+        self.part_not_text = false;
         self.said_before = self.said.clone();
         self.start.clear();
         self.start_decided = false;
@@ -178,9 +186,13 @@ impl<'a> ResponsesStreamRewriter<'a> {
             // Not complete: the pump ends the stream with an error event.
             return Next::Done(Finish::default());
         };
+        if self.part > 0 && self.part_not_text {
+            // A continuation that did more than go on with the text: the answer ends cut.
+            return Next::Done(self.give_up(ContinuationOutcome::Error));
+        }
         let cut = is_cut(&terminal.0);
         let continuation = &self.guards.continuation;
-        if cut && self.continues && self.text_only && self.message.is_some() {
+        if cut && self.continuable && self.message.is_some() {
             if self.part >= continuation.max_attempts {
                 return Next::Done(
                     self.finish(Some(terminal), Some(ContinuationOutcome::MaxAttempts)),
@@ -267,19 +279,35 @@ impl<'a> ResponsesStreamRewriter<'a> {
 
     /// A held end event of the message, carrying the whole text said.
     fn with_whole_text(&mut self, event: &mut Value, complete: bool) {
-        match event["type"].as_str() {
-            Some(TEXT_DONE) => event["text"] = Value::from(self.said.as_str()),
-            Some(PART_DONE) => event["part"]["text"] = Value::from(self.said.as_str()),
-            Some(DONE) => {
-                let item = &mut event["item"];
-                if let Some(parts) = item["content"].as_array_mut() {
-                    let last = parts.len().saturating_sub(1);
-                    for (k, part) in parts.iter_mut().enumerate() {
-                        part["text"] = Value::from(if k == last { self.said.as_str() } else { "" });
-                    }
+        let said = Value::from(self.said.as_str());
+        let kind = event["type"].as_str().unwrap_or_default().to_owned();
+        let Some(event) = event.as_object_mut() else {
+            return;
+        };
+        match kind.as_str() {
+            TEXT_DONE => {
+                event.insert("text".into(), said);
+            }
+            PART_DONE => {
+                if let Some(part) = event.get_mut("part").and_then(Value::as_object_mut) {
+                    part.insert("text".into(), said);
                 }
-                item["status"] = Value::from(if complete { "completed" } else { "incomplete" });
-                self.output.push(item.clone());
+            }
+            DONE => {
+                let Some(item) = event.get_mut("item").and_then(Value::as_object_mut) else {
+                    return;
+                };
+                // A continued message has one content part (`continuable`).
+                let parts = item.get_mut("content").and_then(Value::as_array_mut);
+                if let Some(part) = parts
+                    .and_then(|parts| parts.last_mut())
+                    .and_then(Value::as_object_mut)
+                {
+                    part.insert("text".into(), said);
+                }
+                let status = if complete { "completed" } else { "incomplete" };
+                item.insert("status".into(), Value::from(status));
+                self.output.push(Value::Object(item.clone()));
             }
             _ => {}
         }
@@ -311,6 +339,8 @@ impl<'a> ResponsesStreamRewriter<'a> {
                 self.terminal = Some((event, raw));
             }
             // The answer failed: the client is told at once.
+            // (A continuation's failure as the client's Response's.)
+            "response.failed" if self.part > 0 => self.emit_whole(event, out),
             "response.failed" | "error" => self.emit(event, Some(raw), out),
             _ if self.part == 0 => self.first_part_event(&kind, event, raw, out),
             _ => self.later_part_event(&kind, event, out),
@@ -322,6 +352,17 @@ impl<'a> ResponsesStreamRewriter<'a> {
             .message
             .as_ref()
             .is_some_and(|m| event["output_index"].as_u64() == Some(m.output_index));
+        let ends = in_message && matches!(kind, TEXT_DONE | PART_DONE | DONE);
+        if !ends && !self.ends.is_empty() {
+            // Something follows the message: it is not the answer's end, its end goes now.
+            self.continuable = false;
+            for (event, raw) in std::mem::take(&mut self.ends) {
+                if event["type"] == DONE {
+                    self.output.push(event["item"].clone());
+                }
+                self.emit(event, Some(raw), out);
+            }
+        }
         match kind {
             "response.created" => {
                 if let Some(id) = event["response"].get("id") {
@@ -333,6 +374,10 @@ impl<'a> ResponsesStreamRewriter<'a> {
                 if event["part"]["type"] != "output_text" {
                     self.text_only = false;
                 }
+                if event["content_index"].as_u64() != Some(0) {
+                    // Text in several parts is not continued (its end would be one part's).
+                    self.continuable = false;
+                }
                 if let (Some(at), Some(index)) =
                     (self.message.as_mut(), event["content_index"].as_u64())
                 {
@@ -343,7 +388,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
                 self.said
                     .push_str(event["delta"].as_str().unwrap_or_default());
             }
-            TEXT_DONE | PART_DONE | DONE if in_message && self.continues && self.text_only => {
+            TEXT_DONE | PART_DONE | DONE if in_message && self.continuable && self.text_only => {
                 self.ends.push((event, raw));
                 return;
             }
@@ -366,16 +411,28 @@ impl<'a> ResponsesStreamRewriter<'a> {
                         item_id: item["id"].clone(),
                         content_index: 0,
                     });
+                self.continuable = self.continues && self.message.is_some();
+                return;
             }
             _ => self.text_only = false,
         }
+        // An item after the message: the message is not the answer's end.
+        self.continuable = false;
     }
 
     /// An event of a continuation: only its message's text goes on, as the client's message.
     fn later_part_event(&mut self, kind: &str, event: Value, out: &mut Vec<Bytes>) {
         let index = event["output_index"].as_u64();
-        if kind == ADDED && event["item"]["type"] == "message" && self.part_message.is_none() {
-            self.part_message = index;
+        if kind == ADDED {
+            match event["item"]["type"].as_str() {
+                Some("message") if self.part_message.is_none() => self.part_message = index,
+                Some("reasoning") => {}
+                _ => self.part_not_text = true,
+            }
+        }
+        if kind == PART_ADDED && index.is_some() && index == self.part_message {
+            let text = event["part"]["type"] == "output_text";
+            self.part_not_text |= !text || event["content_index"].as_u64() != Some(0);
         }
         if kind != TEXT_DELTA || index.is_none() || index != self.part_message {
             return;
@@ -714,5 +771,125 @@ mod tests {
             ),
             upstream
         );
+    }
+
+    /// `answer`'s events with `extra` (kind, fields) put in before the terminal event.
+    fn with_before_terminal(answer: &str, extra: &[(&str, Value)]) -> String {
+        let mut events: Vec<Value> = parsed(answer);
+        let terminal = events.pop().unwrap();
+        for (kind, fields) in extra {
+            let mut fields = fields.clone();
+            fields["type"] = json!(kind);
+            events.push(fields);
+        }
+        events.push(terminal);
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut e)| {
+                e["sequence_number"] = json!(k);
+                format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())
+            })
+            .collect()
+    }
+
+    fn run_one(rewriter: &mut ResponsesStreamRewriter<'_>, upstream: &str) -> (String, Next) {
+        let mut out = bytes(&events(rewriter.push(upstream.as_bytes())));
+        let end = rewriter.end_part();
+        out.push_str(&bytes(&end.events));
+        (out, end.next)
+    }
+
+    #[test]
+    fn what_follows_the_message_keeps_its_order_and_the_answer_is_not_continued() {
+        let guards = guards(true, false);
+        let call = json!({"type": "function_call", "id": "fc_1", "call_id": "c1",
+            "name": "book", "arguments": "{}", "status": "completed"});
+        let upstream = with_before_terminal(
+            &answer("r1", &["Let me book it."], true),
+            &[
+                (ADDED, json!({"output_index": 2, "item": call})),
+                (DONE, json!({"output_index": 2, "item": call})),
+            ],
+        );
+        let mut rewriter = ResponsesStreamRewriter::new(&guards, false, false, b"{}", 1 << 20);
+        let (mut out, next) = run_one(&mut rewriter, &upstream);
+        let Next::Done(finish) = next else {
+            panic!("a message before a call is not continued")
+        };
+        assert_eq!(finish.continuation, None);
+        out.push_str(&finished(&finish));
+        assert_eq!(out, upstream, "as it came, in order");
+    }
+
+    #[test]
+    fn a_continuation_that_calls_a_tool_ends_the_answer_cut() {
+        let guards = guards(true, false);
+        let mut rewriter = ResponsesStreamRewriter::new(&guards, false, false, b"{}", 1 << 20);
+        let (mut out, next) = run_one(&mut rewriter, &answer("r1", &["The quick"], true));
+        assert!(matches!(next, Next::Continue(_)));
+        rewriter.continued();
+        let call = json!({"type": "function_call", "id": "fc_1", "call_id": "c1",
+            "name": "book", "arguments": "{}", "status": "completed"});
+        let next_part = with_before_terminal(
+            &answer("r2", &[" brown fox."], false),
+            &[
+                (ADDED, json!({"output_index": 2, "item": call})),
+                (DONE, json!({"output_index": 2, "item": call})),
+            ],
+        );
+        let (more, next) = run_one(&mut rewriter, &next_part);
+        out.push_str(&more);
+        let Next::Done(finish) = next else {
+            panic!("done")
+        };
+        assert_eq!(finish.continuation, Some(ContinuationOutcome::Error));
+        out.push_str(&finished(&finish));
+        let events = parsed(&out);
+        assert!(
+            !out.contains("function_call"),
+            "the continuation's call is not the client's"
+        );
+        let last = events.last().unwrap();
+        assert_eq!(last["type"], "response.incomplete");
+        assert_eq!(last["response"]["id"], "r1");
+        let sequence: Vec<u64> = events
+            .iter()
+            .map(|e| e["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sequence, (0..events.len() as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_failed_continuation_fails_the_clients_response_and_odd_shapes_do_not_panic() {
+        let guards = guards(true, false);
+        let mut rewriter = ResponsesStreamRewriter::new(&guards, false, false, b"{}", 1 << 20);
+        run_one(&mut rewriter, &answer("r1", &["The quick"], true));
+        rewriter.continued();
+        let failed = event(
+            "response.failed",
+            json!({"response": {"id": "r2", "status": "failed", "error": {"code": "server_error"}}}),
+            0,
+        );
+        let out = bytes(&events(rewriter.push(failed.as_bytes())));
+        let failure = parsed(&out);
+        assert_eq!(failure[0]["response"]["id"], "r1");
+        assert_eq!(failure[0]["response"]["status"], "failed");
+
+        // A part that is not an object in the message's end events: relayed, no panic.
+        let original = answer("r1", &["Hi"], true);
+        let odd = original.replace(
+            r#""part":{"type":"output_text","text":"Hi"}"#,
+            r#""part":"odd""#,
+        );
+        assert_ne!(odd, original);
+        let mut rewriter = ResponsesStreamRewriter::new(&guards, false, false, b"{}", 1 << 20);
+        run_one(&mut rewriter, &odd);
+        rewriter.continued();
+        let (_, next) = run_one(&mut rewriter, &answer("r2", &[" there."], false));
+        let Next::Done(finish) = next else {
+            panic!("done")
+        };
+        assert!(finished(&finish).contains("Hi there."));
     }
 }
