@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::arguments::{ArgumentCheck, Failed};
 use super::chunk::{self, Event, event, has_delta, restamp, usage_chunk};
 use super::continuation::sum_usage;
-use super::stream::Relay;
+use super::stream::{Relay, relay_events};
 use crate::openai::sse::{SseSplitter, StreamProgress, event_too_large_event};
 use crate::openai::{FunctionCall, ToolCall};
 
@@ -218,15 +218,10 @@ impl ExpandStream {
 
     /// Takes bytes of the current part's body as they came.
     pub fn push(&mut self, data: &[u8]) -> Relay {
-        self.splitter.push(data);
-        let mut out = Vec::new();
-        loop {
-            match self.splitter.next_event() {
-                Ok(Some(raw)) => self.relay_event(raw, &mut out),
-                Ok(None) => return Relay::Events(out),
-                Err(too_large) => return Relay::TooLarge(event_too_large_event(too_large)),
-            }
-        }
+        let pushed = self.splitter.push_events(data);
+        relay_events(pushed, event_too_large_event, |raw, out| {
+            self.relay_event(raw, out)
+        })
     }
 
     /// The current part's body ended.

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::arguments::{ArgumentCheck, Failed};
 use super::expand::{PartEnd, add_usage, repeats, tool_call};
-use super::stream::Relay;
+use super::stream::{Relay, relay_events};
 use crate::openai::ToolCall;
 use crate::openai::sse::{
     SseSplitter, StreamProgress, event_data, responses_event_too_large_event,
@@ -136,17 +136,10 @@ impl ResponsesExpandStream {
 
     /// Takes bytes of the current part's body as they came.
     pub fn push(&mut self, data: &[u8]) -> Relay {
-        self.splitter.push(data);
-        let mut out = Vec::new();
-        loop {
-            match self.splitter.next_event() {
-                Ok(Some(raw)) => self.take(raw, &mut out),
-                Ok(None) => return Relay::Events(out),
-                Err(too_large) => {
-                    return Relay::TooLarge(responses_event_too_large_event(too_large));
-                }
-            }
-        }
+        let pushed = self.splitter.push_events(data);
+        relay_events(pushed, responses_event_too_large_event, |raw, out| {
+            self.take(raw, out)
+        })
     }
 
     /// The current part's body ended.

@@ -21,7 +21,7 @@ use super::Guards;
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{may_overlap, overlap, sum_usage};
 use super::responses_json::with_input_items;
-use super::stream::{Finish, Next, PartEnd, Relay};
+use super::stream::{Finish, Next, PartEnd, Relay, relay_events};
 use crate::metrics::ContinuationOutcome;
 use crate::openai::sse::{
     SseSplitter, StreamProgress, event_data, responses_event_too_large_event,
@@ -128,17 +128,10 @@ impl<'a> ResponsesStreamRewriter<'a> {
 
     /// Takes bytes of the current part's body as they came.
     pub fn push(&mut self, data: &[u8]) -> Relay {
-        self.splitter.push(data);
-        let mut out = Vec::new();
-        loop {
-            match self.splitter.next_event() {
-                Ok(Some(raw)) => self.take(raw, &mut out),
-                Ok(None) => return Relay::Events(out),
-                Err(too_large) => {
-                    return Relay::TooLarge(responses_event_too_large_event(too_large));
-                }
-            }
-        }
+        let pushed = self.splitter.push_events(data);
+        relay_events(pushed, responses_event_too_large_event, |raw, out| {
+            self.take(raw, out)
+        })
     }
 
     /// The current part's body ended (with its terminal event: the pump gives up otherwise).

@@ -11,7 +11,7 @@ use super::chunk::{self, Event, event, has_delta, restamp, set_delta, set_finish
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{SseSplitter, StreamProgress, event_too_large_event};
+use crate::openai::sse::{EventTooLarge, SseSplitter, StreamProgress, event_too_large_event};
 
 /// What to do with a piece of a part's body.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,6 +20,25 @@ pub enum Relay {
     Events(Vec<Bytes>),
     /// An event is larger than allowed: forward this error event and stop (the answer is cut).
     TooLarge(Bytes),
+}
+
+/// The events `pushed` completed, each taken by `take` (which adds what goes to the client), or
+/// the error event (`too_large` writes it in the stream's API) when one is too large.
+pub(crate) fn relay_events(
+    pushed: Result<Vec<Bytes>, EventTooLarge>,
+    too_large: fn(EventTooLarge) -> Bytes,
+    mut take: impl FnMut(Bytes, &mut Vec<Bytes>),
+) -> Relay {
+    match pushed {
+        Ok(events) => {
+            let mut out = Vec::new();
+            for raw in events {
+                take(raw, &mut out);
+            }
+            Relay::Events(out)
+        }
+        Err(error) => Relay::TooLarge(too_large(error)),
+    }
 }
 
 /// The end of a part: the events it still had, then what comes next.
@@ -137,20 +156,10 @@ impl<'a> StreamRewriter<'a> {
 
     /// Takes bytes of the current part's body as they came.
     pub fn push(&mut self, data: &[u8]) -> Relay {
-        self.part.splitter.push(data);
-        let mut raws = Vec::new();
-        loop {
-            match self.part.splitter.next_event() {
-                Ok(Some(raw)) => raws.push(raw),
-                Ok(None) => break,
-                Err(too_large) => return Relay::TooLarge(event_too_large_event(too_large)),
-            }
-        }
-        let mut out = Vec::new();
-        for raw in raws {
-            self.relay_event(raw, &mut out);
-        }
-        Relay::Events(out)
+        let pushed = self.part.splitter.push_events(data);
+        relay_events(pushed, event_too_large_event, |raw, out| {
+            self.relay_event(raw, out);
+        })
     }
 
     /// The current part's body ended.

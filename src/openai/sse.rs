@@ -50,6 +50,17 @@ impl SseSplitter {
         self.buffer.extend_from_slice(bytes);
     }
 
+    /// Pushes `bytes` and takes every event they complete, in order; an error once the
+    /// incomplete event held is larger than the maximum.
+    pub fn push_events(&mut self, bytes: &[u8]) -> Result<Vec<Bytes>, EventTooLarge> {
+        self.push(bytes);
+        let mut events = Vec::new();
+        while let Some(event) = self.next_event()? {
+            events.push(event);
+        }
+        Ok(events)
+    }
+
     /// The next complete event (including its `\n\n` or `\r\n\r\n` terminator), if any; an
     /// error once the incomplete event held is larger than the maximum.
     pub fn next_event(&mut self) -> Result<Option<Bytes>, EventTooLarge> {
