@@ -2,82 +2,10 @@
 //! it cut at the length limit, does it claim an action without a tool call, and how a continued
 //! part or a retry is taken in. The calls they lead to live in `server::guarded`.
 
-use std::borrow::Cow;
-
 use serde_json::Value;
 
 use super::claims::claimed_action;
-use super::continuation::{continuation_body, merge, retry_body, sum_usage};
-use super::responses_json;
-use crate::openai::Api;
-
-/// The decisions on a whole answer of either API: a chat completion's (this module's) or a
-/// Response's ([`responses_json`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Decisions(pub Api);
-
-impl Decisions {
-    pub fn is_cut(self, answer: &Value) -> bool {
-        match self.0 {
-            Api::Chat => is_cut(answer),
-            Api::Responses => responses_json::is_cut(answer),
-        }
-    }
-
-    pub fn continuation_request(
-        self,
-        answer: &Value,
-        sent: &[u8],
-        instruction: &str,
-    ) -> Option<Vec<u8>> {
-        match self.0 {
-            Api::Chat => continuation_request(answer, sent, instruction),
-            Api::Responses => responses_json::continuation_request(answer, sent, instruction),
-        }
-    }
-
-    pub fn append(self, answer: &mut Value, next: &Value) -> Appended {
-        match self.0 {
-            Api::Chat => append(answer, next),
-            Api::Responses => responses_json::append(answer, next),
-        }
-    }
-
-    pub fn claim<'a>(self, answer: &'a Value, patterns: &[String]) -> Option<Cow<'a, str>> {
-        match self.0 {
-            Api::Chat => claim(answer, patterns).map(Cow::Borrowed),
-            Api::Responses => responses_json::claim(answer, patterns).map(Cow::Owned),
-        }
-    }
-
-    /// The retry request; `tools`: the client's, in the API's own form.
-    pub fn retry_request(
-        self,
-        sent: &[u8],
-        claim: &str,
-        note: &str,
-        tools: Option<&Value>,
-    ) -> Option<Vec<u8>> {
-        match self.0 {
-            Api::Chat => retry_body(sent, claim, note, tools),
-            Api::Responses => responses_json::retry_request(sent, claim, note, tools),
-        }
-    }
-
-    pub fn calls_a_tool(self, retry: &Value) -> bool {
-        match self.0 {
-            Api::Chat => calls_a_tool(retry),
-            Api::Responses => responses_json::calls_a_tool(retry),
-        }
-    }
-
-    pub fn repaired(self, answer: &Value, retry: Value) -> Value {
-        match self.0 {
-            Api::Chat => repaired(answer, retry),
-            Api::Responses => responses_json::repaired(answer, retry),
-        }
-    }
-}
+use super::continuation::{continuation_body, merge, sum_usage};
 
 /// The choice of a single-choice answer.
 pub fn only_choice(completion: &Value) -> Option<&Value> {

@@ -3,7 +3,7 @@
 //! `pipeline::run`), and answers that claim an action without a tool call are flagged and
 //! optionally retried ([`claims`]). All three are off by default and set globally or per route
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`];
-//! a Response's in [`responses_json`]) and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
+//! a Response's in [`responses_json`]; [`decisions`] picks by API) and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
 //! and of calls that fail their schema ([`arguments`]), in chat's stream and in the Responses
 //! event stream ([`responses_expand`]); the calls they need live in
 //! `server::guarded`.
@@ -13,6 +13,7 @@ pub(crate) mod chunk;
 pub mod claims;
 pub mod config;
 pub mod continuation;
+pub mod decisions;
 pub mod expand;
 pub mod json;
 pub mod responses_expand;

@@ -26,7 +26,7 @@ use super::SharedState;
 use crate::error::ProxyError;
 use crate::guards::Guards;
 use crate::guards::claims::{ACTION_CLAIMED, X_CTXPROXY_REPAIRED, X_CTXPROXY_WARNING};
-use crate::guards::json::Decisions;
+use crate::guards::decisions::Decisions;
 use crate::metrics::{ClaimRepair, ContinuationOutcome};
 use crate::openai::{Api, ChatRequest};
 use crate::responses;
