@@ -3,10 +3,11 @@
 //! `pipeline::run`), and answers that claim an action without a tool call are flagged and
 //! optionally retried ([`claims`]). All three are off by default and set globally or per route
 //! ([`Guards`]). This module holds the pure parts: the decisions on a JSON answer ([`json`];
-//! a Response's in [`responses_json`]; [`decisions`] picks by API) and the stream rewriter ([`stream`]), and those of the expansion of stub calls ([`expand`])
-//! and of calls that fail their schema ([`arguments`]), in chat's stream and in the Responses
-//! event stream ([`responses_expand`]); the calls they need live in
-//! `server::guarded`.
+//! a Response's in [`responses_json`]; [`decisions`] picks by API), the stream rewriters
+//! ([`stream`]; the Responses event stream's in [`responses_stream`]), and those of the
+//! expansion of stub calls ([`expand`]) and of calls that fail their schema ([`arguments`]), in
+//! chat's stream and in the Responses event stream ([`responses_expand`]); the calls they need
+//! live in `server::guarded`.
 
 pub mod arguments;
 pub(crate) mod chunk;
