@@ -157,6 +157,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         settings,
         tools_fixed: sends_block_whole(request, env.config, env.counter),
         reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
+        appended: vec![std::cell::OnceCell::new(); request.messages.len()],
     };
 
     // Resume from the latest earlier point whose state is known: memoized here, or remembered.
@@ -286,6 +287,9 @@ struct Decide<'a> {
     tools_fixed: bool,
     /// The reinforcement reminder may start at some point.
     reminder_possible: bool,
+    /// Each message's tokens as appended, by index, once known: a cold request's points sum
+    /// the same messages many times, and each sum would hash the message again.
+    appended: Vec<std::cell::OnceCell<usize>>,
 }
 
 /// Tokens a whole rewrite may save below the sum of its parts' own counts (a system message's
@@ -299,9 +303,8 @@ impl Decide<'_> {
         let (request, points, env) = (self.request, self.points, self.env);
         let anchored = whole_at(request, points, a, env);
         let appended = anchored.tokens
-            + request.messages[points[a].len..points[k].len]
-                .iter()
-                .map(|m| appended_tokens(m, self.settings, env))
+            + (points[a].len..points[k].len)
+                .map(|i| self.appended_at(i))
                 .sum::<usize>();
         let threshold = env.config.clear_at_least_tokens;
         let budget_on = env.config.budget.enabled;
@@ -332,6 +335,12 @@ impl Decide<'_> {
         (over && whole.fits).then_some(Rebuilt::Budget)
     }
 
+    /// The tokens of the request's message `index` as it is appended.
+    fn appended_at(&self, index: usize) -> usize {
+        let message = &self.request.messages[index];
+        *self.appended[index].get_or_init(|| appended_tokens(message, self.settings, self.env))
+    }
+
     /// A lower bound of the whole rewrite of the first `len` messages: the tools (sent as they
     /// are), the first system message (verbatim) and the working set (in the form a whole
     /// rewrite keeps it, which is the appended form), less `FLOOR_SLACK`.
@@ -350,7 +359,7 @@ impl Decide<'_> {
             .filter(|(i, m)| {
                 working_set.contains(*i) && !matches!(m.role, Role::System | Role::Developer)
             })
-            .map(|(_, m)| appended_tokens(m, self.settings, env))
+            .map(|(i, _)| self.appended_at(i))
             .sum();
         (env.counter.tools(tools) + system + kept).saturating_sub(FLOOR_SLACK)
     }
