@@ -443,21 +443,20 @@ fn request_at(request: &ChatRequest, point: Point) -> ChatRequest {
     )
 }
 
-/// The environment of point `k`: the sticky categories are those its history shows (what a
-/// client sending its whole history carries itself), so every replica decides the same; the
-/// store's only count for a conversation with no earlier point.
+/// The environment of a point, `truncated` the request as it was there: the sticky categories
+/// are those its history shows (what a client sending its whole history carries itself), so
+/// every replica decides the same; the store's only count for a conversation with no earlier
+/// point (`only_point`).
 fn env_at<'b>(
-    request: &ChatRequest,
-    points: &[Point],
-    k: usize,
+    truncated: &ChatRequest,
+    only_point: bool,
     env: &Env<'b>,
     sticky: &'b mut Vec<String>,
 ) -> Env<'b> {
-    if points.len() == 1 {
+    if only_point {
         return *env;
     }
-    let truncated = request_at(request, points[k]);
-    *sticky = previous_turn_categories(&truncated, env.config, env.memo);
+    *sticky = previous_turn_categories(truncated, env.config, env.memo);
     Env {
         sticky_categories: sticky,
         ..*env
@@ -487,7 +486,8 @@ fn rewrite_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) 
 fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Rewrite {
     let truncated = request_at(request, points[k]);
     let mut sticky = Vec::new();
-    super::whole(&truncated, &env_at(request, points, k, env, &mut sticky))
+    let env = env_at(&truncated, points.len() == 1, env, &mut sticky);
+    super::whole(&truncated, &env)
 }
 
 fn summary(rewrite: &Rewrite) -> Whole {
