@@ -24,7 +24,7 @@ use super::expand::{PartEnd, add_usage, repeats, tool_call};
 use super::stream::{Relay, relay_events};
 use crate::openai::ToolCall;
 use crate::openai::sse::{
-    SseSplitter, StreamProgress, event_data, responses_event_too_large_event,
+    SseSplitter, StreamProgress, event_object, responses_event_too_large_event,
 };
 
 /// Where the events of one output item go.
@@ -251,10 +251,7 @@ impl ResponsesExpandStream {
             return;
         }
         self.progress.see(&raw);
-        let event = event_data(&raw)
-            .and_then(|data| serde_json::from_str::<Value>(&data).ok())
-            .filter(Value::is_object);
-        let Some(event) = event else {
+        let Some(event) = event_object(&raw) else {
             // A comment or keep-alive.
             out.push(raw);
             return;

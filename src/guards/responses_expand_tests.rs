@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::openai::sse::event_data;
 
 /// A Responses event stream being written, as the API numbers it.
 struct Stream {

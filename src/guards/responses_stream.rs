@@ -24,7 +24,7 @@ use super::responses_json::with_input_items;
 use super::stream::{Finish, Next, PartEnd, Relay, relay_events};
 use crate::metrics::ContinuationOutcome;
 use crate::openai::sse::{
-    SseSplitter, StreamProgress, event_data, responses_event_too_large_event,
+    SseSplitter, StreamProgress, event_object, responses_event_too_large_event,
 };
 
 const ADDED: &str = "response.output_item.added";
@@ -312,10 +312,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
             return;
         }
         self.progress.see(&raw);
-        let event = event_data(&raw)
-            .and_then(|data| serde_json::from_str::<Value>(&data).ok())
-            .filter(Value::is_object);
-        let Some(event) = event else {
+        let Some(event) = event_object(&raw) else {
             // A comment or keep-alive.
             out.push(raw);
             return;

@@ -316,6 +316,14 @@ fn error_in(chunk: &ChunkEnd) -> Option<String> {
     Some(format!("{code}: {}", text("message").unwrap_or("")))
 }
 
+/// The JSON object an event's data holds; `None` for a comment, a keep-alive, or data that is
+/// not a JSON object.
+pub fn event_object(event: &[u8]) -> Option<serde_json::Value> {
+    event_data(event)
+        .and_then(|data| serde_json::from_str::<serde_json::Value>(&data).ok())
+        .filter(serde_json::Value::is_object)
+}
+
 /// The `data:` payload of one event, with multi-line data joined by `\n` (SSE rules).
 /// `None` for events without data (comments, keep-alives).
 pub fn event_data(event: &[u8]) -> Option<String> {
