@@ -626,3 +626,77 @@ async fn a_streamed_request_whose_response_is_kept_upstream_sends_its_tools_whol
         "a JSON answer keeps the re-ask's id: stubs"
     );
 }
+
+/// The tools `explain` would send for `body` with `headers`, once the store holds what it reads
+/// (the block of a chain is written after its answer): waits until they are `expected`, else
+/// gives what they are.
+async fn explained_tools(
+    proxy: &common::Proxy,
+    body: &Value,
+    headers: &[(&str, &str)],
+    expected: &Value,
+) -> Value {
+    let mut tools = Value::Null;
+    for _ in 0..50 {
+        tools = proxy.explain(body, headers).await["request"]["tools"].clone();
+        if tools == *expected {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+    }
+    tools
+}
+
+#[tokio::test]
+async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut first = deferred(false);
+    first.as_object_mut().unwrap().remove("store");
+    let answer: Value = post(&proxy, &first, &[("X-Mock-Echo", "1")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let block = answer["mock_echo"]["body"]["tools"].clone();
+    assert!(!block.to_string().contains("\"city\""), "stubs: {block}");
+    let chained = |previous: &Value| {
+        json!({"model": "gpt-4o", "previous_response_id": previous, "tools": first["tools"],
+               "input": [{"role": "user", "content": "And in Rome, the day after?"}]})
+    };
+    let second = chained(&answer["id"]);
+    let tools = explained_tools(&proxy, &second, &[], &block).await;
+    assert_eq!(tools, block, "the chain's block, the same bytes");
+
+    // Sent so, a call to a stub is asked again; the client gets the full call, and the answer it
+    // chains on next was asked with the same block (its definition went in a message).
+    let answer = post(
+        &proxy,
+        &second,
+        &[("X-Mock-Tool-Call", "get_weather"), ("X-Mock-Echo", "1")],
+    )
+    .await;
+    assert_eq!(answer.headers()["x-ctxproxy-tools-expanded"], "get_weather");
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["mock_echo"]["body"]["tools"], block);
+    assert_eq!(
+        answer["mock_echo"]["body"]["previous_response_id"],
+        second["previous_response_id"]
+    );
+    let third = chained(&answer["id"]);
+    assert_eq!(explained_tools(&proxy, &third, &[], &block).await, block);
+
+    // Another caller's key, or other tools, and the client's tools go as they are.
+    let other_key = [("Authorization", "Bearer someone-else")];
+    let whole = &first["tools"];
+    assert_eq!(
+        explained_tools(&proxy, &second, &other_key, whole).await,
+        *whole
+    );
+    let mut fewer = second.clone();
+    fewer["tools"].as_array_mut().unwrap().pop();
+    assert_eq!(
+        explained_tools(&proxy, &fewer, &[], &fewer["tools"]).await,
+        fewer["tools"]
+    );
+}

@@ -145,7 +145,7 @@ impl LineRequest {
     /// upstream) gets only what it sends rewritten (`pipeline::seen`).
     pub fn rewrite(&self, env: &pipeline::Env<'_>) -> pipeline::Rewrite {
         match &self.responses {
-            Some(converted) if converted.chained() => pipeline::seen::run(&self.chat, env),
+            Some(converted) if converted.chained() => pipeline::seen::run(&self.chat, env, None),
             _ => pipeline::run(&self.chat, env),
         }
     }

@@ -1,10 +1,11 @@
 //! A request whose history lives upstream (a chained Responses request: `previous_response_id`
 //! or `conversation`): only the new input is seen, and only that is rewritten. A cut tool
-//! result has no way back here (no stub, no recall tool), so the only change is one that loses
-//! nothing: a text result holding JSON is sent without the whitespace between its tokens, byte
-//! for byte otherwise. Everything else goes as the client sent it. The tools go as the client
-//! wrote them, so the block is the same along the chain whatever a replica knows of it, and no
-//! context is added: no summary, stub, definition or recall tool.
+//! result has no way back here (no stub, no recall tool), so the only change to the input is one
+//! that loses nothing: a text result holding JSON is sent without the whitespace between its
+//! tokens, byte for byte otherwise. Everything else goes as the client sent it, and no context
+//! is added: no summary, ledger or definition. The tools go as the client wrote them, or, along
+//! a `previous_response_id` chain whose previous request sent a block of its own (stubs), as that
+//! block (`tools::chain`): the same bytes along the chain either way.
 
 use std::borrow::Cow;
 
@@ -12,12 +13,14 @@ use super::compact;
 use super::prefix::AppendDetails;
 use super::report::{PipelineReport, StageDetails, StageReport};
 use super::stage::StageName;
+use super::tools::chain::ChainTools;
 use super::{Env, Rewrite, with_messages};
 use crate::openai::{ChatRequest, Message};
 
-/// The rewrite of what `request` sends. The budget is not applied: the upstream holds the rest
-/// of the context, which the proxy cannot judge, so the request always fits.
-pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+/// The rewrite of what `request` sends, with the block of its chain (`chain`) when the tools
+/// stage is on. The budget is not applied: the upstream holds the rest of the context, which
+/// the proxy cannot judge, so the request always fits.
+pub fn run(request: &ChatRequest, env: &Env<'_>, chain: Option<&ChainTools>) -> Rewrite {
     let counter = env.counter;
     let tokens_before = counter.request(request);
     let mut compacted = 0;
@@ -43,22 +46,38 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         (request.clone(), tokens_before)
     };
     let applied = tokens_after < tokens_before;
-    let stage = StageReport {
+    let appended = if applied { tokens_after } else { tokens_before };
+    let mut stages = vec![StageReport {
         stage: StageName::Append,
         tokens_before,
-        tokens_after: if applied { tokens_after } else { tokens_before },
+        tokens_after: appended,
         applied,
         details: StageDetails::Append(AppendDetails {
             appended: request.messages.len(),
             compacted,
         }),
-    };
+    }];
+    let mut sent = if applied { sent } else { request.clone() };
+    let block = chain
+        .filter(|_| env.config.tools.enabled)
+        .and_then(|chain| chain.block_for(request));
+    if let Some((tools, details)) = block {
+        sent.tools = crate::openai::Nullable::Value(tools);
+        stages.push(StageReport {
+            stage: StageName::Tools,
+            tokens_before: appended,
+            tokens_after: counter.request(&sent),
+            applied: true,
+            details: StageDetails::Tools(details),
+        });
+    }
+    let tokens_after = stages.last().map_or(tokens_before, |s| s.tokens_after);
     Rewrite {
-        request: if applied { sent } else { request.clone() },
+        request: sent,
         report: PipelineReport {
             tokens_before,
-            tokens_after: stage.tokens_after,
-            stages: vec![stage],
+            tokens_after,
+            stages,
             budget: env.budget,
             fits: true,
             over_budget: None,
@@ -107,7 +126,7 @@ mod tests {
             remembered: None,
         };
         let client = request();
-        let rewrite = run(&client, &env);
+        let rewrite = run(&client, &env, None);
         let sent = &rewrite.request;
         assert_eq!(sent.messages.len(), 2);
         assert_eq!(sent.messages[1], client.messages[1]);
@@ -120,6 +139,44 @@ mod tests {
         );
         assert!(rewrite.report.fits && rewrite.report.tokens_after < rewrite.report.tokens_before);
         assert_eq!(rewrite.report.stages.len(), 1);
+    }
+
+    #[test]
+    fn the_chains_block_goes_in_place_of_the_tools_when_the_stage_is_on() {
+        let mut config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let client = request();
+        let tools = client.tools.get().unwrap().clone();
+        let stub = crate::pipeline::tools::stubs::stub(&tools[0], 4, &counter, &memo);
+        let block = vec![stub];
+        let chain = ChainTools::of(&client, &block).expect("a block of its own");
+        for enabled in [true, false] {
+            config.tools.enabled = enabled;
+            let env = Env {
+                config: &config,
+                counter: &counter,
+                memo: &memo,
+                budget: 10,
+                sticky_categories: &[],
+                reinforcement: None,
+                remembered: None,
+            };
+            let rewrite = run(&client, &env, Some(&chain));
+            let tools_stage = rewrite.report.stage(StageName::Tools);
+            if enabled {
+                assert_eq!(rewrite.request.tools.get(), Some(&block));
+                let stage = tools_stage.expect("the tools stage reports the block");
+                assert_eq!(stage.tokens_after, rewrite.report.tokens_after);
+                assert_eq!(
+                    counter.request(&rewrite.request),
+                    rewrite.report.tokens_after
+                );
+            } else {
+                assert_eq!(rewrite.request.tools, client.tools);
+                assert!(tools_stage.is_none());
+            }
+        }
     }
 
     #[test]

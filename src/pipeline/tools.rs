@@ -14,11 +14,13 @@
 //!
 //! The parts: `classify.rs` scores the categories of a turn's words, `block.rs` decides the
 //! block of the first turn, `inline.rs` places the definitions of later needs in the messages,
-//! `report.rs` is the stage's account, and `append.rs` is what `prefix.rs` reads of the stage.
+//! `report.rs` is the stage's account, `append.rs` is what `prefix.rs` reads of the stage, and
+//! `chain.rs` is the block a chained Responses request sends (`seen.rs`).
 
 pub mod append;
 mod block;
 pub(crate) mod catalog;
+pub mod chain;
 mod classify;
 pub mod inline;
 pub mod report;

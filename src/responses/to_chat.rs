@@ -183,6 +183,13 @@ impl Converted {
         super::is_chained(&self.body)
     }
 
+    /// The Response the body chains on (`previous_response_id`), when it names one.
+    pub fn previous_response_id(&self) -> Option<&str> {
+        self.body
+            .get("previous_response_id")
+            .and_then(Value::as_str)
+    }
+
     /// Whether the pipeline may rewrite the body: a history the client sent whole, in a shape
     /// it keeps valid ([`Converted::pairs_in_order`]), or a chained request whose items were
     /// read in the client's order with none left out (what `pipeline::seen` changes is only the

@@ -5,6 +5,7 @@
 //! auth, the concurrency limit, metrics and the access log.
 
 mod cached;
+mod chain_tools;
 mod chat;
 mod command;
 mod guarded;

@@ -232,6 +232,23 @@ assert len(streamed_calls) == 1 and streamed_calls[0].name == "get_weather", fin
 assert json.loads(streamed_calls[0].arguments) == {"city": "mock"}, streamed_calls[0]
 assert final.usage.input_tokens > 0, final.usage
 
+# A chain on a stored Response whose request sent stubs: the chained request sends the same
+# block, and a call to a stub there is asked again in JSON; the SDK gets the full call.
+question = [{"role": "user", "content": "Do I need an umbrella in Paris tomorrow?"}]
+stored = client.responses.create(model=MODEL, tools=deferred_tools, input=question)
+for _ in range(50):  # the chain's block is remembered once the answer has gone
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, previous_response_id=stored.id, tools=deferred_tools,
+        input=[{"role": "user", "content": "And in Rome?"}],
+        extra_headers={"X-Mock-Tool-Call": "get_weather"})
+    if raw.headers.get("x-ctxproxy-tools-expanded") == "get_weather":
+        break
+    time.sleep(0.04)
+assert raw.headers.get("x-ctxproxy-tools-expanded") == "get_weather", raw.headers
+chained = raw.parse()
+calls = [item for item in chained.output if item.type == "function_call"]
+assert len(calls) == 1 and json.loads(calls[0].arguments) == {"city": "mock"}, chained.output
+
 # A Response cut at max_output_tokens is continued as a chat answer is, in JSON and in the
 # event stream ([continuation] is on): one message, one Response, the whole text.
 story = "The keeper climbed the stairs, lit the lamp and watched the ships until dawn."

@@ -22,10 +22,12 @@ pub enum Reason {
     Protected,
     /// The tool definitions total less than `min_tool_tokens`: sent whole.
     SmallBlock,
+    /// A chained request: the block its chain's previous request sent (`chain`).
+    Chain,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Match,
         Reason::Sticky,
         Reason::NoMatchDrop,
@@ -33,6 +35,7 @@ impl Reason {
         Reason::NoMatchStub,
         Reason::Protected,
         Reason::SmallBlock,
+        Reason::Chain,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +47,7 @@ impl Reason {
             Reason::NoMatchStub => "no_match_stub",
             Reason::Protected => "protected",
             Reason::SmallBlock => "small_block",
+            Reason::Chain => "chain",
         }
     }
 }

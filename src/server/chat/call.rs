@@ -15,13 +15,15 @@ use crate::bill::{Prompt, cached_of};
 use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
 use crate::metrics::{BudgetOutcome, ChatLabels};
-use crate::openai::{Api, ChatRequest};
+use crate::openai::{Api, ChatRequest, Tool};
 use crate::pipeline::recall::{self, Mark};
+use crate::pipeline::tools::chain::ChainTools;
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::responses;
 use crate::server::meter::Saving;
 use crate::server::{
-    RequestContext, SharedState, learned, prefix_state, read_body, recall_marks, scope, sticky,
+    RequestContext, SharedState, chain_tools, learned, prefix_state, read_body, recall_marks,
+    scope, sticky,
 };
 use crate::tokens::TokenCounter;
 use crate::upstream::Upstream;
@@ -72,6 +74,9 @@ pub struct Outgoing {
     pub with_stubs: Option<ChatRequest>,
     /// Where the conversation's recalls were answered: a new one is added to them.
     pub recalls: Vec<Mark>,
+    /// The block a stored Response's request sends in place of the client's tools: what a
+    /// request chained on it sends again (`chain_tools`).
+    pub chain_tools: Option<ChainTools>,
 }
 
 /// The pipeline's rewrite, and the conversation's state in the store before it.
@@ -189,6 +194,7 @@ impl<'a> ChatCall<'a> {
             sent_tokens: None,
             with_stubs: None,
             recalls: Vec::new(),
+            chain_tools: None,
         };
         if self.mode == Mode::Off || !self.rewritable() {
             return Ok(unchanged);
@@ -265,12 +271,14 @@ impl<'a> ChatCall<'a> {
             .tools
             .get()
             .is_some_and(|t| recall::offered(t));
+        let chain_tools = self.chain_tools_of(rewrite.request.tools.get());
         Ok(Outgoing {
             body,
             saving,
             sent_tokens: Some(report.tokens_after),
             with_stubs: (stubs || recall).then_some(rewrite.request),
             recalls,
+            chain_tools,
         })
     }
 
@@ -290,14 +298,25 @@ impl<'a> ChatCall<'a> {
                 None => (None, Vec::new()),
             }
         };
-        // What another replica learned of the upstream's template (rarely asks the store).
-        let ((remembered, recalls), ()) =
-            tokio::join!(conversation, learned::refresh(state, self.upstream));
         let config = if self.expansion_hidden() {
             self.upstream.pipeline()
         } else {
             self.upstream.tools_whole_pipeline()
         };
+        // A request chained on a stored Response sends the block its request sent.
+        let chain = async {
+            let previous = self
+                .responses
+                .as_ref()
+                .and_then(|c| c.previous_response_id());
+            match previous.filter(|_| config.tools.enabled) {
+                Some(previous) => chain_tools::load(state, &self.scope, previous).await,
+                None => None,
+            }
+        };
+        // What another replica learned of the upstream's template (rarely asks the store).
+        let ((remembered, recalls), (), chain) =
+            tokio::join!(conversation, learned::refresh(state, self.upstream), chain);
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers
@@ -315,7 +334,7 @@ impl<'a> ChatCall<'a> {
         // A chained Responses request: its history is upstream, only what it sends is seen.
         let chained = self.responses.as_ref().is_some_and(|c| c.chained());
         let mut rewrite = if chained {
-            pipeline::seen::run(&self.chat, &env)
+            pipeline::seen::run(&self.chat, &env, chain.as_ref())
         } else {
             pipeline::run(&self.chat, &env)
         };
@@ -332,6 +351,14 @@ impl<'a> ChatCall<'a> {
             remembered,
             recalls,
         })
+    }
+
+    /// What a stored Response's request leaves its chain when it sends `tools` (as its final
+    /// form sent them, after any re-ask): the block, when it is not the client's tools.
+    pub fn chain_tools_of(&self, tools: Option<&Vec<Tool>>) -> Option<ChainTools> {
+        let stored = self.responses.as_ref().is_some_and(|c| c.stored());
+        let tools = tools.map_or(&[][..], Vec::as_slice);
+        stored.then(|| ChainTools::of(&self.chat, tools)).flatten()
     }
 
     /// The request's token budget, when the budget applies.

@@ -18,10 +18,12 @@ use crate::metrics::CacheOutcome;
 use crate::openai::{Api, ChatRequest};
 use crate::pipeline::Mode;
 use crate::pipeline::recall::Mark;
+use crate::pipeline::tools::chain::ChainTools;
 use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
 use crate::responses;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
+use crate::server::chain_tools::ChainToolsWrite;
 use crate::server::guarded::refusal::{self, Answered};
 use crate::server::guarded::{self, Conversation, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
@@ -81,6 +83,8 @@ pub struct Answer {
     usage_asked: bool,
     /// The `usage` of the JSON answer the client gets, when the expansion read it already.
     usage: Option<Value>,
+    /// The block the request the answer answers sent, for a chain on it (`chain_tools`).
+    chain_tools: Option<ChainTools>,
 }
 
 impl ChatCall<'_> {
@@ -213,6 +217,7 @@ impl ChatCall<'_> {
         };
         let with_stubs = outgoing.with_stubs.filter(|_| optimize);
         let recalls = outgoing.recalls;
+        let mut chain_tools = outgoing.chain_tools;
         let (mut expansion, mut guard, mut body) =
             self.watchers(&sending, with_stubs.clone(), body, log, &recalls);
         let mut first = body.clone();
@@ -254,6 +259,7 @@ impl ChatCall<'_> {
                         },
                     );
                     log.sent_rewritten(&bytes);
+                    chain_tools = self.chain_tools_of(in_block.tools.get());
                     (expansion, guard, body) =
                         self.watchers(&sending, Some(in_block), bytes, log, &recalls);
                     first = body.clone();
@@ -271,6 +277,9 @@ impl ChatCall<'_> {
                 log.expanded = expanded.expanded;
                 log.recalled = expanded.recalled;
                 usage = expanded.usage;
+                if let Some(tools) = &expanded.tools {
+                    chain_tools = self.chain_tools_of(Some(tools));
+                }
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
                 }
@@ -297,6 +306,7 @@ impl ChatCall<'_> {
             strip_usage,
             usage_asked,
             usage,
+            chain_tools,
         })
     }
 
@@ -369,6 +379,7 @@ impl ChatCall<'_> {
             strip_usage,
             usage_asked,
             usage,
+            chain_tools,
         } = answer;
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
         // Recorded from the upstream's bytes, before the usage event is left out for the client.
@@ -403,6 +414,14 @@ impl ChatCall<'_> {
                     conversation,
                     &self.chat,
                     streamed,
+                )));
+            }
+            // A stored Response whose request sent a block of its own: a chain on it sends it.
+            if let Some(block) = chain_tools.filter(|_| !streamed && api == Api::Responses) {
+                observers.push(Box::new(ChainToolsWrite::new(
+                    state.clone(),
+                    self.scope.clone(),
+                    block,
                 )));
             }
             if keys.deterministic.is_some() || keys.dedup.is_some() {

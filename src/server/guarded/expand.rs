@@ -115,6 +115,8 @@ pub struct Expanded {
     /// The `usage` of a JSON answer as the client gets it, read here already (the meter then
     /// need not read the answer again).
     pub usage: Option<Value>,
+    /// The tools of the request a JSON answer answers (`None` for a stream or an error).
+    pub tools: Option<Vec<Tool>>,
 }
 
 /// The tools the client offered (none when it offered none).
@@ -464,6 +466,7 @@ pub async fn expand(
             sent,
             recalled: Vec::new(),
             usage: None,
+            tools: None,
         });
     }
     if is_event_stream(answer.response.headers()) {
@@ -477,6 +480,7 @@ pub async fn expand(
             sent,
             recalled: Vec::new(),
             usage: None,
+            tools: call.request.tools.get().cloned(),
         });
     }
     expand_json(call, answer, sent).await
@@ -489,7 +493,7 @@ async fn expand_json(
 ) -> Result<Expanded, ProxyError> {
     let (mut parts, bytes, started) = read_whole(&call.upstream, answer).await?;
     let total_timeout = call.upstream.config.total_timeout;
-    let done = |parts, bytes: Bytes, expanded, sent, recalled, usage| Expanded {
+    let done = |parts, bytes: Bytes, expanded, sent, recalled, usage, call: &ExpandCall| Expanded {
         answer: UpstreamResponse {
             response: Response::from_parts(parts, Body::from(bytes)),
             started,
@@ -499,11 +503,20 @@ async fn expand_json(
         sent,
         recalled,
         usage,
+        tools: call.request.tools.get().cloned(),
     };
     // Only what the watch reads: a Response echoes its instructions and tools, which an answer
     // that calls no stub would parse for nothing.
     let Some(mut answer) = watched_fields(&bytes) else {
-        return Ok(done(parts, bytes, Vec::new(), sent, Vec::new(), None));
+        return Ok(done(
+            parts,
+            bytes,
+            Vec::new(),
+            sent,
+            Vec::new(),
+            None,
+            &call,
+        ));
     };
     let mut earlier = Vec::new();
     let mut expanded: Vec<String> = Vec::new();
@@ -534,6 +547,7 @@ async fn expand_json(
                     sent,
                     recalled: call.recalled,
                     usage: None,
+                    tools: None,
                 });
             }
             Err(e) => {
@@ -546,7 +560,7 @@ async fn expand_json(
     }
     if earlier.is_empty() {
         let usage = answer.get("usage").cloned();
-        return Ok(done(parts, bytes, expanded, sent, Vec::new(), usage));
+        return Ok(done(parts, bytes, expanded, sent, Vec::new(), usage, &call));
     }
     if !expanded.is_empty() {
         call.count(call.outcome(), expanding);
@@ -555,13 +569,15 @@ async fn expand_json(
     let body = serde_json::to_vec(&merged).map_err(|e| ProxyError::Internal(e.to_string()))?;
     parts.headers.remove(header::CONTENT_LENGTH);
     let usage = merged.get("usage").cloned();
+    let recalled = std::mem::take(&mut call.recalled);
     Ok(done(
         parts,
         Bytes::from(body),
         expanded,
         sent,
-        call.recalled,
+        recalled,
         usage,
+        &call,
     ))
 }
 
@@ -698,6 +714,7 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
         sent,
         recalled: Vec::new(),
         usage: None,
+        tools: None,
     }
 }
 
