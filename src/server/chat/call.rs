@@ -298,18 +298,10 @@ impl<'a> ChatCall<'a> {
                 None => (None, Vec::new()),
             }
         };
-        let config = if self.expansion_hidden() {
-            self.upstream.pipeline()
-        } else {
-            self.upstream.tools_whole_pipeline()
-        };
         // A request chained on a stored Response sends the block its request sent.
         let chain = async {
-            let previous = self
-                .responses
-                .as_ref()
-                .and_then(|c| c.previous_response_id());
-            match previous.filter(|_| config.tools.enabled) {
+            let previous = self.responses.as_ref().and_then(|c| c.previous_response_id());
+            match previous.filter(|_| self.uses_tool_state()) {
                 Some(previous) => chain_tools::load(state, &self.scope, previous).await,
                 None => None,
             }
@@ -317,6 +309,11 @@ impl<'a> ChatCall<'a> {
         // What another replica learned of the upstream's template (rarely asks the store).
         let ((remembered, recalls), (), chain) =
             tokio::join!(conversation, learned::refresh(state, self.upstream), chain);
+        let config = if self.expansion_hidden() {
+            self.upstream.pipeline()
+        } else {
+            self.upstream.tools_whole_pipeline()
+        };
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
         let counter = state
             .tokenizers
