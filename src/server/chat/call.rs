@@ -300,7 +300,10 @@ impl<'a> ChatCall<'a> {
         };
         // A request chained on a stored Response sends the block its request sent.
         let chain = async {
-            let previous = self.responses.as_ref().and_then(|c| c.previous_response_id());
+            let previous = self
+                .responses
+                .as_ref()
+                .and_then(|c| c.previous_response_id());
             match previous.filter(|_| self.uses_tool_state()) {
                 Some(previous) => chain_tools::load(state, &self.scope, previous).await,
                 None => None,
