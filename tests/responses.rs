@@ -627,32 +627,17 @@ async fn a_streamed_request_whose_response_is_kept_upstream_sends_its_tools_whol
     );
 }
 
-/// The tools `explain` would send for `body` with `headers`, once the store holds what it reads
-/// (the block of a chain is written after its answer): waits until they are `expected`, else
-/// gives what they are.
-async fn explained_tools(
-    proxy: &common::Proxy,
-    body: &Value,
-    headers: &[(&str, &str)],
-    expected: &Value,
-) -> Value {
-    let mut tools = Value::Null;
-    for _ in 0..50 {
-        tools = proxy.explain(body, headers).await["request"]["tools"].clone();
-        if tools == *expected {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
-    }
-    tools
-}
-
 #[tokio::test]
 async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
     let mut first = deferred(false);
     first.as_object_mut().unwrap().remove("store");
+    // Any arguments answer its schema: the mock, which keeps no history, calls a stub with none.
+    first["tools"][0]["parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("required");
     let answer: Value = post(&proxy, &first, &[("X-Mock-Echo", "1")])
         .await
         .json()
@@ -664,39 +649,60 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
         json!({"model": "gpt-4o", "previous_response_id": previous, "tools": first["tools"],
                "input": [{"role": "user", "content": "And in Rome, the day after?"}]})
     };
+    // Remembered before the client got the answer: a chained request at once finds it.
     let second = chained(&answer["id"]);
-    let tools = explained_tools(&proxy, &second, &[], &block).await;
-    assert_eq!(tools, block, "the chain's block, the same bytes");
+    let explained = proxy.explain(&second, &[]).await;
+    assert_eq!(explained["request"]["tools"], block, "the chain's block");
+    let stages = &explained["stages"];
+    assert_eq!(stages[1]["stage"], "tools", "{stages}");
+    assert_eq!(stages[1]["details"]["reason"], "chain", "{stages}");
 
     // Sent so, a call to a stub is asked again; the client gets the full call, and the answer it
     // chains on next was asked with the same block (its definition went in a message).
-    let answer = post(
-        &proxy,
-        &second,
-        &[("X-Mock-Tool-Call", "get_weather"), ("X-Mock-Echo", "1")],
-    )
-    .await;
+    let asked = || MockStats::get(&mock.stats.responses_requests);
+    let before = asked();
+    let headers = [("X-Mock-Tool-Call", "get_weather"), ("X-Mock-Echo", "1")];
+    let answer = post(&proxy, &second, &headers).await;
     assert_eq!(answer.headers()["x-ctxproxy-tools-expanded"], "get_weather");
     let answer: Value = answer.json().await.unwrap();
+    assert_eq!(asked() - before, 2, "asked again once");
     assert_eq!(answer["mock_echo"]["body"]["tools"], block);
     assert_eq!(
         answer["mock_echo"]["body"]["previous_response_id"],
         second["previous_response_id"]
     );
+    // The chain's history defines the tool now: a later call of it is checked, not asked again.
     let third = chained(&answer["id"]);
-    assert_eq!(explained_tools(&proxy, &third, &[], &block).await, block);
+    assert_eq!(proxy.explain(&third, &[]).await["request"]["tools"], block);
+    let before = asked();
+    let answer = post(&proxy, &third, &headers).await;
+    assert!(answer.headers().get("x-ctxproxy-tools-expanded").is_none());
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(asked() - before, 1, "not asked again");
+    let call = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap();
+    assert_eq!(call["name"], "get_weather");
 
-    // Another caller's key, or other tools, and the client's tools go as they are.
-    let other_key = [("Authorization", "Bearer someone-else")];
+    // Another caller's key, other tools, or a Response run in the background, and the client's
+    // tools go as they are.
     let whole = &first["tools"];
-    assert_eq!(
-        explained_tools(&proxy, &second, &other_key, whole).await,
-        *whole
-    );
+    let other_key = [("Authorization", "Bearer someone-else")];
+    let explained = proxy.explain(&second, &other_key).await;
+    assert_eq!(explained["request"]["tools"], *whole);
     let mut fewer = second.clone();
     fewer["tools"].as_array_mut().unwrap().pop();
     assert_eq!(
-        explained_tools(&proxy, &fewer, &[], &fewer["tools"]).await,
+        proxy.explain(&fewer, &[]).await["request"]["tools"],
         fewer["tools"]
+    );
+    let mut background = second.clone();
+    background["background"] = json!(true);
+    assert_eq!(
+        proxy.explain(&background, &[]).await["request"]["tools"],
+        *whole
     );
 }

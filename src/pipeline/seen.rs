@@ -150,7 +150,7 @@ mod tests {
         let tools = client.tools.get().unwrap().clone();
         let stub = crate::pipeline::tools::stubs::stub(&tools[0], 4, &counter, &memo);
         let block = vec![stub];
-        let chain = ChainTools::of(&client, &block).expect("a block of its own");
+        let chain = ChainTools::of(&client, &block, Vec::new()).expect("a block of its own");
         for enabled in [true, false] {
             config.tools.enabled = enabled;
             let env = Env {

@@ -183,6 +183,12 @@ impl Converted {
         super::is_chained(&self.body)
     }
 
+    /// Whether the Response runs in the background (`background: true`): its answer is a
+    /// queued Response, read later by the client, so nothing in it can be asked again.
+    pub fn background(&self) -> bool {
+        self.body.get("background") == Some(&Value::Bool(true))
+    }
+
     /// The Response the body chains on (`previous_response_id`), when it names one.
     pub fn previous_response_id(&self) -> Option<&str> {
         self.body

@@ -1,22 +1,16 @@
 //! The tool block of a `previous_response_id` chain, in the store: after a stored Response whose
 //! request sent a block of its own (stubs), the block is remembered under the Response's id,
-//! scoped to the tenant, so that a request chained on it sends the same block
-//! (`pipeline::tools::chain`). Only JSON answers are read: a stored Response that streams is
-//! sent its tools whole (`ChatCall::expansion_hidden`). A miss or a store error sends the
-//! client's tools whole, as a chained request went before.
+//! scoped to the caller, before the client gets the answer, so that a request chained on it
+//! sends the same block (`pipeline::tools::chain`). Only JSON answers are read: a stored
+//! Response that streams is sent its tools whole (`ChatCall::expansion_hidden`). A miss or a
+//! store error sends the client's tools whole, as a chained request went before.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::SharedState;
-use crate::body::{BodyEnd, BodyObserver};
 use crate::pipeline::tools::chain::ChainTools;
-
-/// The largest JSON answer read for its id (a Response echoes its tools and instructions).
-const MAX_JSON_BYTES: usize = 8 * 1024 * 1024;
 
 fn key(scope: &str, response_id: &str) -> String {
     let mut hasher = Sha256::new();
@@ -33,61 +27,14 @@ pub async fn load(state: &SharedState, scope: &str, previous: &str) -> Option<Ch
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Reads a JSON Response as it passes and, once it is complete, remembers `block` under its id.
-pub struct ChainToolsWrite {
-    state: SharedState,
-    scope: String,
-    block: ChainTools,
-    json: Vec<u8>,
-    too_large: bool,
-}
-
-impl ChainToolsWrite {
-    pub fn new(state: SharedState, scope: String, block: ChainTools) -> ChainToolsWrite {
-        ChainToolsWrite {
-            state,
-            scope,
-            block,
-            json: Vec::new(),
-            too_large: false,
-        }
-    }
-}
-
-/// The one field read of the Response.
-#[derive(Deserialize)]
-struct Identified {
-    id: String,
-}
-
-impl BodyObserver for ChainToolsWrite {
-    fn on_data(&mut self, data: &Bytes) {
-        if self.too_large {
-            return;
-        }
-        if self.json.len() + data.len() > MAX_JSON_BYTES {
-            self.too_large = true;
-            self.json = Vec::new();
-            return;
-        }
-        self.json.extend_from_slice(data);
-    }
-
-    fn on_end(self: Box<Self>, end: BodyEnd) {
-        if end != BodyEnd::Complete || self.too_large {
-            return;
-        }
-        let Ok(Identified { id }) = serde_json::from_slice(&self.json) else {
-            return;
-        };
-        let Ok(value) = serde_json::to_vec(&self.block) else {
-            return;
-        };
-        let key = key(&self.scope, &id);
-        let ttl = Duration::from_secs(self.state.config.pipeline.prefix_ttl_secs);
-        let state = self.state;
-        tokio::spawn(async move { state.store.set(&key, &value, ttl).await });
-    }
+/// Remembers `block` for the Response `id` of `scope` (a store error loses it: the chain's next
+/// request is sent the client's tools whole).
+pub async fn save(state: &SharedState, scope: &str, id: &str, block: &ChainTools) {
+    let Ok(value) = serde_json::to_vec(block) else {
+        return;
+    };
+    let ttl = Duration::from_secs(state.config.pipeline.prefix_ttl_secs);
+    state.store.set(&key(scope, id), &value, ttl).await;
 }
 
 #[cfg(test)]

@@ -16,24 +16,37 @@ use crate::openai::{ChatRequest, Tool};
 
 const CLIENT_SEED: u64 = 0x6368_6169_6e74_6f6f;
 
-/// The tools a Response's request sent in place of the client's, and which client tools they
+/// The tools a Response's request sent in place of the client's, which client tools they
 /// stand for (a digest of the client's list: a chain whose client changes its tools is sent
-/// them whole).
+/// them whole), and the tools whose definitions the chain's history upstream holds (placed in
+/// a message by one of its requests: a call of one is checked, not asked again).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChainTools {
     client: u64,
     sent: Vec<Tool>,
+    #[serde(default)]
+    defined: Vec<String>,
 }
 
 impl ChainTools {
-    /// What a request that sent `sent` for `client`'s tools leaves its chain; `None` when it
-    /// sent the client's own tools (a chained request is sent them by default).
-    pub fn of(client: &ChatRequest, sent: &[Tool]) -> Option<ChainTools> {
+    /// What a request that sent `sent` for `client`'s tools, with the definitions of `defined`
+    /// in its history, leaves its chain. `None` when it sent the client's own tools (a chained
+    /// request is sent them by default), or left one of them out (a chained request could not
+    /// add it back when a later turn needs it).
+    pub fn of(client: &ChatRequest, sent: &[Tool], defined: Vec<String>) -> Option<ChainTools> {
         let tools = client.tools.get()?;
-        (tools.as_slice() != sent).then(|| ChainTools {
+        let offered = |name: &str| sent.iter().any(|t| tool_name(t) == Some(name));
+        let all_offered = tools.iter().filter_map(tool_name).all(offered);
+        (tools.as_slice() != sent && all_offered).then(|| ChainTools {
             client: digest(tools),
             sent: sent.to_vec(),
+            defined,
         })
+    }
+
+    /// The tools whose definitions the chain's history holds.
+    pub fn into_defined(self) -> Vec<String> {
+        self.defined
     }
 
     /// The block a chained `request` sends, and the stage's account of it: the chain's block when
@@ -102,7 +115,7 @@ mod tests {
     fn a_chained_request_with_the_same_tools_sends_the_chains_block() {
         let client = request(None);
         let block = first_block(&client);
-        let chain = ChainTools::of(&client, &block).expect("the block is not the client's");
+        let chain = ChainTools::of(&client, &block, Vec::new()).expect("not the client's tools");
         let (sent, details) = chain.block_for(&request(None)).expect("the same tools");
         assert_eq!(sent, block);
         assert_eq!((details.sent, details.stubs), (Some(1), Some(2)));
@@ -117,8 +130,13 @@ mod tests {
     fn the_clients_own_tools_other_tools_or_a_demanded_call_send_the_tools_whole() {
         let client = request(None);
         let tools = client.tools.get().unwrap().clone();
-        assert!(ChainTools::of(&client, &tools).is_none());
-        let chain = ChainTools::of(&client, &first_block(&client)).unwrap();
+        assert!(ChainTools::of(&client, &tools, Vec::new()).is_none());
+        let left_out = &first_block(&client)[..2];
+        assert!(
+            ChainTools::of(&client, left_out, Vec::new()).is_none(),
+            "a block that leaves a tool out is not carried along a chain"
+        );
+        let chain = ChainTools::of(&client, &first_block(&client), Vec::new()).unwrap();
         let mut other = request(None);
         other.tools = Nullable::Value(tools[..2].to_vec());
         assert!(
@@ -131,7 +149,7 @@ mod tests {
     #[test]
     fn a_tool_the_choice_names_goes_in_full_in_its_place() {
         let client = request(None);
-        let chain = ChainTools::of(&client, &first_block(&client)).unwrap();
+        let chain = ChainTools::of(&client, &first_block(&client), Vec::new()).unwrap();
         let choice = json!({"type": "function", "function": {"name": "send_email"}});
         let (sent, details) = chain.block_for(&request(Some(choice))).unwrap();
         let tools = client.tools.get().unwrap();

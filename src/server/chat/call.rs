@@ -18,6 +18,7 @@ use crate::metrics::{BudgetOutcome, ChatLabels};
 use crate::openai::{Api, ChatRequest, Tool};
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::tools::chain::ChainTools;
+use crate::pipeline::tools::inline;
 use crate::pipeline::{self, Mode, OnExceed, PrefixState, Rewrite, StageName, tools};
 use crate::responses;
 use crate::server::meter::Saving;
@@ -77,6 +78,9 @@ pub struct Outgoing {
     /// The block a stored Response's request sends in place of the client's tools: what a
     /// request chained on it sends again (`chain_tools`).
     pub chain_tools: Option<ChainTools>,
+    /// Of a chained request, the tools its chain's history defines (a call is checked, not
+    /// asked again).
+    pub chain_defined: Vec<String>,
 }
 
 /// The pipeline's rewrite, and the conversation's state in the store before it.
@@ -85,6 +89,8 @@ pub struct Pipelined {
     pub remembered: Option<PrefixState>,
     /// Where the conversation's recalls were answered (put back into `rewrite`).
     pub recalls: Vec<Mark>,
+    /// The block of the chain a chained request goes on (`None` otherwise, or not known).
+    pub chain: Option<ChainTools>,
 }
 
 /// Reads a chat body, bounded by `[server] max_body_bytes`.
@@ -152,12 +158,13 @@ impl<'a> ChatCall<'a> {
     /// telling: always on chat, and on the Responses API unless the answer streams under an id
     /// the upstream keeps. A streamed expansion keeps the first answer's id (the SDKs refuse a
     /// stream whose Response changes), and with `store` true that stored Response holds the call
-    /// to the stub: a client chaining on it would answer a call the upstream never saw. Such a
-    /// request sends its tools whole, with no recall tool.
+    /// to the stub: a client chaining on it would answer a call the upstream never saw. Nor can
+    /// it when the Response runs in the background: its answer is read later, from the
+    /// upstream. Such a request sends its tools whole, with no recall tool.
     pub fn expansion_hidden(&self) -> bool {
         self.responses
             .as_ref()
-            .is_none_or(|c| !self.chat.is_stream() || !c.stored())
+            .is_none_or(|c| !c.background() && (!self.chat.is_stream() || !c.stored()))
     }
 
     /// Whether the pipeline may rewrite the request: any chat request, a Responses body whose
@@ -195,6 +202,7 @@ impl<'a> ChatCall<'a> {
             with_stubs: None,
             recalls: Vec::new(),
             chain_tools: None,
+            chain_defined: Vec::new(),
         };
         if self.mode == Mode::Off || !self.rewritable() {
             return Ok(unchanged);
@@ -204,6 +212,7 @@ impl<'a> ChatCall<'a> {
             rewrite,
             remembered,
             recalls,
+            chain,
         } = self.run_pipeline().await?;
         if let (Some(conversation), Some(prefix)) = (&self.conversation, rewrite.remember)
             && Some(prefix) != remembered
@@ -271,7 +280,8 @@ impl<'a> ChatCall<'a> {
             .tools
             .get()
             .is_some_and(|t| recall::offered(t));
-        let chain_tools = self.chain_tools_of(rewrite.request.tools.get());
+        let chain_defined = chain.map(ChainTools::into_defined).unwrap_or_default();
+        let chain_tools = self.chain_tools_of(&rewrite.request, &chain_defined);
         Ok(Outgoing {
             body,
             saving,
@@ -279,6 +289,7 @@ impl<'a> ChatCall<'a> {
             with_stubs: (stubs || recall).then_some(rewrite.request),
             recalls,
             chain_tools,
+            chain_defined,
         })
     }
 
@@ -350,15 +361,32 @@ impl<'a> ChatCall<'a> {
             rewrite,
             remembered,
             recalls,
+            chain,
         })
     }
 
-    /// What a stored Response's request leaves its chain when it sends `tools` (as its final
-    /// form sent them, after any re-ask): the block, when it is not the client's tools.
-    pub fn chain_tools_of(&self, tools: Option<&Vec<Tool>>) -> Option<ChainTools> {
-        let stored = self.responses.as_ref().is_some_and(|c| c.stored());
-        let tools = tools.map_or(&[][..], Vec::as_slice);
-        stored.then(|| ChainTools::of(&self.chat, tools)).flatten()
+    /// What a stored Response's request leaves its chain when it sends `sent` (its final form,
+    /// after any re-ask), its chain's history defining `earlier` already: the block, when it is
+    /// not the client's tools.
+    pub fn chain_tools_of(&self, sent: &ChatRequest, earlier: &[String]) -> Option<ChainTools> {
+        let tools = sent.tools.get().map_or(&[][..], Vec::as_slice);
+        self.chain_tools_with(tools, inline::defined_in(&sent.messages), earlier)
+    }
+
+    /// The same, from the tools sent and the names the messages sent define.
+    pub fn chain_tools_with(
+        &self,
+        tools: &[Tool],
+        defined: impl IntoIterator<Item = String>,
+        earlier: &[String],
+    ) -> Option<ChainTools> {
+        if !self.responses.as_ref().is_some_and(|c| c.stored()) {
+            return None;
+        }
+        let mut defined: Vec<String> = earlier.iter().cloned().chain(defined).collect();
+        defined.sort();
+        defined.dedup();
+        ChainTools::of(&self.chat, tools, defined)
     }
 
     /// The request's token budget, when the budget applies.

@@ -23,7 +23,7 @@ use crate::pipeline::tools::inline;
 use crate::record::ResponseCapture;
 use crate::responses;
 use crate::server::cached::{self, CacheWrite, DedupPlan, Lookup};
-use crate::server::chain_tools::ChainToolsWrite;
+use crate::server::chain_tools;
 use crate::server::guarded::refusal::{self, Answered};
 use crate::server::guarded::{self, Conversation, ExpandCall, GuardCall, Sent};
 use crate::server::meter::{self, ResponseMeter, Saving};
@@ -83,8 +83,13 @@ pub struct Answer {
     usage_asked: bool,
     /// The `usage` of the JSON answer the client gets, when the expansion read it already.
     usage: Option<Value>,
-    /// The block the request the answer answers sent, for a chain on it (`chain_tools`).
-    chain_tools: Option<ChainTools>,
+}
+
+/// What the re-asks of a request's answer carry over: where its conversation's recalls were
+/// answered, and the tools its chain's history defines (a chained Responses request).
+struct Watched<'a> {
+    recalls: &'a [Mark],
+    upstream_defined: &'a [String],
 }
 
 impl ChatCall<'_> {
@@ -218,8 +223,13 @@ impl ChatCall<'_> {
         let with_stubs = outgoing.with_stubs.filter(|_| optimize);
         let recalls = outgoing.recalls;
         let mut chain_tools = outgoing.chain_tools;
+        let upstream_defined = outgoing.chain_defined;
+        let watched = Watched {
+            recalls: &recalls,
+            upstream_defined: &upstream_defined,
+        };
         let (mut expansion, mut guard, mut body) =
-            self.watchers(&sending, with_stubs.clone(), body, log, &recalls);
+            self.watchers(&sending, with_stubs.clone(), body, log, &watched);
         let mut first = body.clone();
         let sent_at = Instant::now();
         let send = |body: Bytes| {
@@ -259,9 +269,9 @@ impl ChatCall<'_> {
                         },
                     );
                     log.sent_rewritten(&bytes);
-                    chain_tools = self.chain_tools_of(in_block.tools.get());
+                    chain_tools = self.chain_tools_of(&in_block, &upstream_defined);
                     (expansion, guard, body) =
-                        self.watchers(&sending, Some(in_block), bytes, log, &recalls);
+                        self.watchers(&sending, Some(in_block), bytes, log, &watched);
                     first = body.clone();
                     answer = send(body).await?;
                     let succeeded = answer.response.status().is_success();
@@ -278,7 +288,8 @@ impl ChatCall<'_> {
                 log.recalled = expanded.recalled;
                 usage = expanded.usage;
                 if let Some(tools) = &expanded.tools {
-                    chain_tools = self.chain_tools_of(Some(tools));
+                    let defined = expanded.defined;
+                    chain_tools = self.chain_tools_with(tools, defined, &upstream_defined);
                 }
                 if let Some(guard) = &mut guard {
                     guard.answers(expanded.sent);
@@ -297,6 +308,10 @@ impl ChatCall<'_> {
             }
             None => answer,
         };
+        let answer = match chain_tools {
+            Some(block) => self.remember_chain_tools(answer, block).await?,
+            None => answer,
+        };
         Ok(Answer {
             answer,
             sent_at,
@@ -306,8 +321,27 @@ impl ChatCall<'_> {
             strip_usage,
             usage_asked,
             usage,
-            chain_tools,
         })
+    }
+
+    /// Remembers the block a stored JSON Response's request sent under the Response's id,
+    /// before the client gets it: a request chained on it at once finds it (`chain_tools`).
+    async fn remember_chain_tools(
+        &self,
+        answer: UpstreamResponse,
+        block: ChainTools,
+    ) -> Result<UpstreamResponse, ProxyError> {
+        let json = answer.response.status().is_success()
+            && !is_event_stream(answer.response.headers())
+            && self.api() == Api::Responses;
+        if !json {
+            return Ok(answer);
+        }
+        let (answer, id) = guarded::read_id(self.upstream, answer).await?;
+        if let Some(id) = id {
+            chain_tools::save(self.state, &self.scope, &id, &block).await;
+        }
+        Ok(answer)
     }
 
     /// The re-asks that watch an answer to `body` (`request`: the rewrite with stubs it is):
@@ -319,16 +353,19 @@ impl ChatCall<'_> {
         request: Option<ChatRequest>,
         body: Bytes,
         log: &CallLog,
-        recalls: &[Mark],
+        watched: &Watched<'_>,
     ) -> (Option<ExpandCall>, Option<GuardCall>, Bytes) {
         let state = self.state;
         let mut body = body;
         let mut expansion = request.and_then(|request| {
             let request = (request, sending.strip_usage);
             let sent = sending.sent(&body);
+            // A chained request's recalls go nowhere: its history is upstream, and no later
+            // request of the conversation puts them back.
+            let chained = self.responses.as_ref().is_some_and(|c| c.chained());
             let conversation = Conversation {
-                id: self.conversation.clone(),
-                recalls: recalls.to_vec(),
+                id: self.conversation.clone().filter(|_| !chained),
+                recalls: watched.recalls.to_vec(),
             };
             let labels = &log.labels;
             ExpandCall::new(
@@ -340,7 +377,10 @@ impl ChatCall<'_> {
                 labels,
                 conversation,
             )
-            .map(|call| call.written_as(self.responses.clone()))
+            .map(|call| {
+                call.written_as(self.responses.clone())
+                    .defined_upstream(watched.upstream_defined.to_vec())
+            })
         });
         if let Some(all_full) = expansion
             .as_ref()
@@ -379,8 +419,15 @@ impl ChatCall<'_> {
             strip_usage,
             usage_asked,
             usage,
-            chain_tools,
         } = answer;
+        // A chained request's usage counts the history the upstream holds, which its report
+        // does not: what a re-ask added cannot be told from it.
+        let chained = self.responses.as_ref().is_some_and(|c| c.chained());
+        let (saving, sent_tokens) = if chained && expanded {
+            (None, None)
+        } else {
+            (saving, sent_tokens)
+        };
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
         // Recorded from the upstream's bytes, before the usage event is left out for the client.
         if let Some(exchange) = log.take_record(&answer.response, sent_at) {
@@ -414,14 +461,6 @@ impl ChatCall<'_> {
                     conversation,
                     &self.chat,
                     streamed,
-                )));
-            }
-            // A stored Response whose request sent a block of its own: a chain on it sends it.
-            if let Some(block) = chain_tools.filter(|_| !streamed && api == Api::Responses) {
-                observers.push(Box::new(ChainToolsWrite::new(
-                    state.clone(),
-                    self.scope.clone(),
-                    block,
                 )));
             }
             if keys.deterministic.is_some() || keys.dedup.is_some() {

@@ -27,7 +27,7 @@ use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
 use crate::pipeline::config::Definitions;
 use crate::pipeline::recall::{self, Mark};
-use crate::pipeline::tools::inline::{self, defined_stubs, reask, undefined_stubs};
+use crate::pipeline::tools::inline::{self, defined_in, defined_stubs, reask, undefined_stubs};
 use crate::pipeline::tools::stubs::promote;
 use crate::responses;
 use crate::server::learned::{self, Lesson};
@@ -51,8 +51,11 @@ pub struct ExpandCall {
     client: Arc<ChatRequest>,
     /// The tools `request` offers as stubs.
     stubs: Vec<String>,
-    /// The tools `request` defines only in its messages: their calls' arguments are checked.
+    /// The tools `request` defines only in its messages, or that its chain's history upstream
+    /// defines (`upstream_defined`): their calls' arguments are checked.
     defined: Vec<String>,
+    /// Of a chained Responses request, the stubs whose definitions its chain's history holds.
+    upstream_defined: Vec<String>,
     /// The checks of those arguments (a stream's rewriter holds them while it relays).
     arguments: ArgumentCheck,
     /// This request's re-asks define tools in the block: its upstream refused a definitions
@@ -117,6 +120,8 @@ pub struct Expanded {
     pub usage: Option<Value>,
     /// The tools of the request a JSON answer answers (`None` for a stream or an error).
     pub tools: Option<Vec<Tool>>,
+    /// The tools that request defines in its messages.
+    pub defined: Vec<String>,
 }
 
 /// The tools the client offered (none when it offered none).
@@ -161,6 +166,7 @@ impl ExpandCall {
             client: client.clone(),
             stubs,
             defined,
+            upstream_defined: Vec::new(),
             arguments: ArgumentCheck::default(),
             in_block: false,
             unread: false,
@@ -173,6 +179,14 @@ impl ExpandCall {
             labels: labels.clone(),
             responses: None,
         })
+    }
+
+    /// A chained request whose chain's history defines the tools `names`: a call of one of
+    /// them is checked, not asked again.
+    pub fn defined_upstream(mut self, names: Vec<String>) -> ExpandCall {
+        self.upstream_defined = names;
+        self.watch();
+        self
     }
 
     /// Re-asks written as the Responses body `converted` was read from (`None`: chat).
@@ -322,8 +336,13 @@ impl ExpandCall {
     /// What the request now offers as stubs and defines only in its messages.
     fn watch(&mut self) {
         let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        self.stubs = undefined_stubs(tools, &self.request.messages, tools_of(&self.client));
+        let stubs = undefined_stubs(tools, &self.request.messages, tools_of(&self.client));
         self.defined = defined_stubs(tools, &self.request.messages, tools_of(&self.client));
+        let (upstream, stubs): (Vec<String>, Vec<String>) = stubs
+            .into_iter()
+            .partition(|name| self.upstream_defined.contains(name));
+        self.defined.extend(upstream);
+        self.stubs = stubs;
     }
 
     /// The checked tools a JSON answer calls with arguments that fail their schema.
@@ -467,6 +486,7 @@ pub async fn expand(
             recalled: Vec::new(),
             usage: None,
             tools: None,
+            defined: Vec::new(),
         });
     }
     if is_event_stream(answer.response.headers()) {
@@ -481,6 +501,7 @@ pub async fn expand(
             recalled: Vec::new(),
             usage: None,
             tools: call.request.tools.get().cloned(),
+            defined: defined_in(&call.request.messages).into_iter().collect(),
         });
     }
     expand_json(call, answer, sent).await
@@ -504,6 +525,7 @@ async fn expand_json(
         recalled,
         usage,
         tools: call.request.tools.get().cloned(),
+        defined: defined_in(&call.request.messages).into_iter().collect(),
     };
     // Only what the watch reads: a Response echoes its instructions and tools, which an answer
     // that calls no stub would parse for nothing.
@@ -548,6 +570,7 @@ async fn expand_json(
                     recalled: call.recalled,
                     usage: None,
                     tools: None,
+                    defined: Vec::new(),
                 });
             }
             Err(e) => {
@@ -715,6 +738,7 @@ fn expand_stream(call: ExpandCall, answer: UpstreamResponse, sent: Bytes) -> Exp
         recalled: Vec::new(),
         usage: None,
         tools: None,
+        defined: Vec::new(),
     }
 }
 

@@ -15,6 +15,8 @@ pub use expand::{Conversation, ExpandCall, expand};
 
 use std::sync::Arc;
 
+use axum::body::Body;
+use axum::http::Response;
 use axum::http::response::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use bytes::Bytes;
@@ -232,6 +234,32 @@ fn too_large(answer: &UpstreamResponse) -> bool {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         .is_some_and(|len| len > MAX_JSON_BYTES)
+}
+
+/// A JSON answer read whole, and its top-level `id` (a Response's); one too large to read is
+/// given back as it is, without.
+pub async fn read_id(
+    upstream: &Upstream,
+    answer: UpstreamResponse,
+) -> Result<(UpstreamResponse, Option<String>), ProxyError> {
+    #[derive(serde::Deserialize)]
+    struct Identified {
+        id: String,
+    }
+    if too_large(&answer) {
+        return Ok((answer, None));
+    }
+    let deadline = answer.deadline;
+    let (parts, bytes, started) = read_whole(upstream, answer).await?;
+    let id = serde_json::from_slice::<Identified>(&bytes)
+        .ok()
+        .map(|i| i.id);
+    let answer = UpstreamResponse {
+        response: Response::from_parts(parts, Body::from(bytes)),
+        started,
+        deadline,
+    };
+    Ok((answer, id))
 }
 
 /// Reads a JSON answer whole (at most `MAX_JSON_BYTES`, by its deadline): its parts, its body
