@@ -404,12 +404,7 @@ async fn a_call_to_a_stub_is_asked_again_and_the_client_gets_only_the_full_call(
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.headers()["x-ctxproxy-tools-expanded"], "get_weather");
     let answer: Value = answer.json().await.unwrap();
-    let call = answer["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|item| item["type"] == "function_call")
-        .unwrap();
+    let call = function_call(&answer);
     assert_eq!(call["name"], "get_weather");
     assert_eq!(
         serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap(),
@@ -423,6 +418,16 @@ async fn a_call_to_a_stub_is_asked_again_and_the_client_gets_only_the_full_call(
     );
     assert_eq!(MockStats::get(&mock.stats.responses_requests), 2);
     assert!(answer["usage"]["input_tokens"].as_u64().unwrap() > 0);
+}
+
+/// The first `function_call` item of a JSON Response.
+fn function_call(answer: &Value) -> &Value {
+    answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap()
 }
 
 /// The events of a Responses stream, checked as a client reads them: numbered from 0 without
@@ -679,12 +684,7 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
     assert!(answer.headers().get("x-ctxproxy-tools-expanded").is_none());
     let answer: Value = answer.json().await.unwrap();
     assert_eq!(asked() - before, 1, "not asked again");
-    let call = answer["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|item| item["type"] == "function_call")
-        .unwrap();
+    let call = function_call(&answer);
     assert_eq!(call["name"], "get_weather");
 
     // Another caller's key, other tools, or a Response run in the background, and the client's

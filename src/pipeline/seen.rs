@@ -112,19 +112,23 @@ mod tests {
         ChatRequest::parse(body.to_string().as_bytes()).expect("a request")
     }
 
-    #[test]
-    fn what_is_seen_is_compacted_and_nothing_is_added_or_left_out() {
-        let (config, memo) = (PipelineConfig::default(), Memo::default());
-        let counter = TokenCounter::new(Encoding::O200kBase);
-        let env = Env {
-            config: &config,
-            counter: &counter,
-            memo: &memo,
+    fn env<'a>(config: &'a PipelineConfig, counter: &'a TokenCounter, memo: &'a Memo) -> Env<'a> {
+        Env {
+            config,
+            counter,
+            memo,
             budget: 10,
             sticky_categories: &[],
             reinforcement: None,
             remembered: None,
-        };
+        }
+    }
+
+    #[test]
+    fn what_is_seen_is_compacted_and_nothing_is_added_or_left_out() {
+        let (config, memo) = (PipelineConfig::default(), Memo::default());
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let env = env(&config, &counter, &memo);
         let client = request();
         let rewrite = run(&client, &env, None);
         let sent = &rewrite.request;
@@ -153,16 +157,7 @@ mod tests {
         let chain = ChainTools::of(&client, &block, Vec::new()).expect("a block of its own");
         for enabled in [true, false] {
             config.tools.enabled = enabled;
-            let env = Env {
-                config: &config,
-                counter: &counter,
-                memo: &memo,
-                budget: 10,
-                sticky_categories: &[],
-                reinforcement: None,
-                remembered: None,
-            };
-            let rewrite = run(&client, &env, Some(&chain));
+            let rewrite = run(&client, &env(&config, &counter, &memo), Some(&chain));
             let tools_stage = rewrite.report.stage(StageName::Tools);
             if enabled {
                 assert_eq!(rewrite.request.tools.get(), Some(&block));
