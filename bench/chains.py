@@ -24,10 +24,12 @@ import http.client
 import json
 import os
 import sys
+import time
 from collections import OrderedDict
 
 RATIOS = (1.0, 0.5, 0.25, 0.1)
 MODEL_ITEMS = ("reasoning", "function_call")
+RUN = f"{os.getpid()}-{time.time_ns()}"
 
 
 def chains(path, limit):
@@ -71,8 +73,9 @@ def replay(url, conversations, mode):
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
     sent = cached = requests = 0
     for name, bodies in conversations:
+        # The mock's cache is keyed by the conversation: one of this run's own.
         headers = {"Content-Type": "application/json", "X-Ctxproxy-Mode": mode,
-                   "X-Conversation-Id": f"chain-{mode}-{name}"}
+                   "X-Conversation-Id": f"chain-{RUN}-{mode}-{name}"}
         previous_id = None
         for k, body in enumerate(bodies):
             body = dict(body)
