@@ -686,6 +686,12 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
     assert_eq!(asked() - before, 1, "not asked again");
     let call = function_call(&answer);
     assert_eq!(call["name"], "get_weather");
+    let chain_tools = "ctxproxy_chain_tools_total";
+    let applied = proxy.metric(chain_tools, &[("outcome", "applied")]).await;
+    let remembered = proxy
+        .metric(chain_tools, &[("outcome", "remembered")])
+        .await;
+    assert_eq!((applied, remembered), (2.0, 3.0));
 
     // Another caller's key, other tools, or a Response run in the background, and the client's
     // tools go as they are.
@@ -705,4 +711,45 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
         proxy.explain(&background, &[]).await["request"]["tools"],
         *whole
     );
+}
+
+#[tokio::test]
+async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut first = deferred(false);
+    first.as_object_mut().unwrap().remove("store");
+    let answer: Value = post(&proxy, &first, &[("X-Mock-Echo", "1")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let block = answer["mock_echo"]["body"]["tools"].clone();
+    let mut chained = json!({"model": "gpt-4o", "previous_response_id": answer["id"],
+        "tools": first["tools"], "store": false, "stream": true,
+        "input": [{"role": "user", "content": "And in Rome?"}]});
+    assert_eq!(
+        proxy.explain(&chained, &[]).await["request"]["tools"],
+        block
+    );
+    // Not kept upstream: a call to a stub is asked again in the same stream.
+    let answer = post(&proxy, &chained, &[("X-Mock-Tool-Call", "get_weather")]).await;
+    let text = answer.text().await.unwrap();
+    assert!(
+        text.contains(": x-ctxproxy-tools-expanded: get_weather"),
+        "{text}"
+    );
+    let events = parsed_events(&text);
+    let calls: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| &e["item"])
+        .filter(|item| item["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{text}");
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    // Kept upstream, a stream's expansion could not be hidden: the tools go whole.
+    chained.as_object_mut().unwrap().remove("store");
+    let explained = proxy.explain(&chained, &[]).await;
+    assert_eq!(explained["request"]["tools"], first["tools"]);
 }

@@ -192,6 +192,22 @@ label_set! {
 }
 
 label_set! {
+    /// What a request chained on a stored Response (`previous_response_id`) got of its chain's
+    /// tool block, or what a stored Response's request left its chain.
+    ChainToolsOutcome {
+        /// The block its chain's previous request sent, sent again.
+        Applied => "applied",
+        /// No block is remembered for the Response it chains on: its tools went whole.
+        Missing => "missing",
+        /// A block is remembered, but the request sends its tools whole (other tools, a
+        /// demanded call, or its answer cannot be expanded unseen).
+        Whole => "whole",
+        /// A stored Response's request sent a block of its own: remembered under its id.
+        Remembered => "remembered",
+    }
+}
+
+label_set! {
     /// What became of an answer that claims an action without a tool call.
     ClaimRepair {
         Off => "off",

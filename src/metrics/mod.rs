@@ -11,9 +11,9 @@ use prometheus::{
 };
 
 pub use labels::{
-    BudgetOutcome, CacheName, CacheOutcome, ClaimRepair, Compaction, ContinuationOutcome,
-    ExpansionOutcome, LookupResult, MemoryCache, RecallOutcome, RecordDrop, Route, SavingSource,
-    StoreOp, TokenPhase, ToolPhase, UpstreamError, UsageKind,
+    BudgetOutcome, CacheName, CacheOutcome, ChainToolsOutcome, ClaimRepair, Compaction,
+    ContinuationOutcome, ExpansionOutcome, LookupResult, MemoryCache, RecallOutcome, RecordDrop,
+    Route, SavingSource, StoreOp, TokenPhase, ToolPhase, UpstreamError, UsageKind,
 };
 
 use crate::glob::glob_match;
@@ -145,6 +145,8 @@ pub struct Metrics {
     pub tool_expansion_duration: Histogram,
     /// `outcome`: [`RecallOutcome`].
     pub tool_recalls: IntCounterVec,
+    /// `outcome`: [`ChainToolsOutcome`].
+    pub chain_tools: IntCounterVec,
 }
 
 /// Pipeline time buckets, in seconds: from 10 µs to 50 ms.
@@ -343,6 +345,11 @@ impl Metrics {
                 "Calls of ctxproxy_recall that the proxy answered itself, unseen by the client, by outcome: found (the original of a cleared or shortened tool result), unknown (the handle named nothing in the request; the model was told so).",
                 &["model", "tenant", "outcome"],
             )?,
+            chain_tools: r.counters(
+                "ctxproxy_chain_tools_total",
+                "The tool block along previous_response_id chains of the Responses API, by outcome: applied (a chained request was sent the block its chain's previous request sent), missing (none is remembered for the Response it chains on: its tools went whole), whole (one is, but the request sent its tools whole: other tools, a demanded call, or an answer that cannot be expanded unseen), remembered (a stored Response's request sent a block of its own, remembered under its id).",
+                &["model", "tenant", "outcome"],
+            )?,
             tool_expansion_duration: r.histogram(
                 "ctxproxy_tool_expansion_duration_seconds",
                 "Upstream time an answer that called stubs took beyond the first answer (its re-asks).",
@@ -406,6 +413,10 @@ impl Metrics {
         }
         for outcome in RecallOutcome::ALL {
             self.tool_recalls
+                .with_label_values(&["other", "default", outcome.as_str()]);
+        }
+        for outcome in ChainToolsOutcome::ALL {
+            self.chain_tools
                 .with_label_values(&["other", "default", outcome.as_str()]);
         }
     }

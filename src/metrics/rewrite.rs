@@ -1,7 +1,9 @@
 //! Counting a chat request's rewrite into the metrics: tokens by phase and stage, compactions,
 //! tools, the classifier's reason and the budget's outcome, read from the typed stage reports.
 
-use super::{BudgetOutcome, ChatLabels, Compaction, Metrics, TokenPhase, ToolPhase};
+use super::{
+    BudgetOutcome, ChainToolsOutcome, ChatLabels, Compaction, Metrics, TokenPhase, ToolPhase,
+};
 use crate::pipeline::{Rewrite, StageName};
 
 impl Metrics {
@@ -97,6 +99,13 @@ impl Metrics {
     pub fn count_budget(&self, outcome: BudgetOutcome, labels: &ChatLabels) {
         self.budget_outcomes
             .with_label_values(&[outcome.as_str(), &labels.model, &labels.tenant])
+            .inc();
+    }
+
+    /// A chained Responses request's tool block, or a block remembered for a chain.
+    pub fn count_chain_tools(&self, outcome: ChainToolsOutcome, labels: &ChatLabels) {
+        self.chain_tools
+            .with_label_values(&[&labels.model, &labels.tenant, outcome.as_str()])
             .inc();
     }
 }

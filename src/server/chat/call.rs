@@ -14,7 +14,7 @@ use super::call_log::{CallLog, TokenCounts};
 use crate::bill::{Prompt, cached_of};
 use crate::conversation::{client_conversation_id, conversation_id};
 use crate::error::ProxyError;
-use crate::metrics::{BudgetOutcome, ChatLabels};
+use crate::metrics::{BudgetOutcome, ChainToolsOutcome, ChatLabels};
 use crate::openai::{Api, ChatRequest, Tool};
 use crate::pipeline::recall::{self, Mark};
 use crate::pipeline::tools::chain::ChainTools;
@@ -280,6 +280,18 @@ impl<'a> ChatCall<'a> {
             .tools
             .get()
             .is_some_and(|t| recall::offered(t));
+        if self.chained_on().is_some() {
+            let applied = report
+                .stage(StageName::Tools)
+                .and_then(|stage| stage.details.tools())
+                .is_some_and(|tools| tools.reason == Some(tools::Reason::Chain));
+            let outcome = match (&chain, applied) {
+                (_, true) => ChainToolsOutcome::Applied,
+                (None, false) => ChainToolsOutcome::Missing,
+                (Some(_), false) => ChainToolsOutcome::Whole,
+            };
+            metrics.count_chain_tools(outcome, &log.labels);
+        }
         let chain_defined = chain.map(ChainTools::into_defined).unwrap_or_default();
         let chain_tools = self.chain_tools_of(&rewrite.request, &chain_defined);
         Ok(Outgoing {
@@ -311,11 +323,7 @@ impl<'a> ChatCall<'a> {
         };
         // A request chained on a stored Response sends the block its request sent.
         let chain = async {
-            let previous = self
-                .responses
-                .as_ref()
-                .and_then(|c| c.previous_response_id());
-            match previous.filter(|_| self.uses_tool_state()) {
+            match self.chained_on() {
                 Some(previous) => chain_tools::load(state, &self.scope, previous).await,
                 None => None,
             }
@@ -363,6 +371,16 @@ impl<'a> ChatCall<'a> {
             recalls,
             chain,
         })
+    }
+
+    /// The stored Response whose chain's block this request looks up: the one it chains on
+    /// (`previous_response_id`), when it offers tools to a pipeline that reads tool state.
+    fn chained_on(&self) -> Option<&str> {
+        let previous = self
+            .responses
+            .as_ref()
+            .and_then(|c| c.previous_response_id());
+        previous.filter(|_| self.uses_tool_state())
     }
 
     /// What a stored Response's request leaves its chain when it sends `sent` (its final form,

@@ -14,7 +14,7 @@ use super::call::{ChatCall, Outgoing, X_CTXPROXY_BUDGET, X_CTXPROXY_MODE};
 use super::call_log::CallLog;
 use crate::body::{BodyObserver, Observers};
 use crate::error::ProxyError;
-use crate::metrics::CacheOutcome;
+use crate::metrics::{CacheOutcome, ChainToolsOutcome};
 use crate::openai::{Api, ChatRequest};
 use crate::pipeline::Mode;
 use crate::pipeline::recall::Mark;
@@ -340,6 +340,8 @@ impl ChatCall<'_> {
         let (answer, id) = guarded::read_id(self.upstream, answer).await?;
         if let Some(id) = id {
             chain_tools::save(self.state, &self.scope, &id, &block).await;
+            let metrics = &self.state.metrics;
+            metrics.count_chain_tools(ChainToolsOutcome::Remembered, &self.labels);
         }
         Ok(answer)
     }
