@@ -711,6 +711,13 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
         proxy.explain(&background, &[]).await["request"]["tools"],
         *whole
     );
+    // Sent, they are counted: nothing known under another key, a block known but other tools.
+    for (body, headers) in [(&second, &other_key[..]), (&fewer, &[][..])] {
+        assert_eq!(post(&proxy, body, headers).await.status(), 200);
+    }
+    let missing = proxy.metric(chain_tools, &[("outcome", "missing")]).await;
+    let whole = proxy.metric(chain_tools, &[("outcome", "whole")]).await;
+    assert_eq!((missing, whole), (1.0, 1.0));
 }
 
 #[tokio::test]

@@ -62,12 +62,11 @@ impl ChainTools {
             None => self.sent.clone(),
         };
         let stubs = stubbed(&block, client).len();
-        let named = block.iter().filter(|t| tool_name(t).is_some()).count();
         let details = ToolsDetails {
             sent: Some(block.len() - stubs),
             stubs: Some(stubs),
             reason: Some(Reason::Chain),
-            ..ToolsDetails::offered(client.len().max(named))
+            ..ToolsDetails::offered(client.len())
         };
         Some((block, details))
     }

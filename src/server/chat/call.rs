@@ -225,6 +225,18 @@ impl<'a> ChatCall<'a> {
         let budget = &self.state.config.pipeline.budget;
         let over_budget = budget.enabled && !report.fits;
         let optimize = self.mode == Mode::Optimize;
+        if optimize && self.chained_on().is_some() {
+            let applied = report
+                .stage(StageName::Tools)
+                .and_then(|stage| stage.details.tools())
+                .is_some_and(|tools| tools.reason == Some(tools::Reason::Chain));
+            let outcome = match (&chain, applied) {
+                (_, true) => ChainToolsOutcome::Applied,
+                (None, false) => ChainToolsOutcome::Missing,
+                (Some(_), false) => ChainToolsOutcome::Whole,
+            };
+            metrics.count_chain_tools(outcome, &log.labels);
+        }
         if optimize {
             if over_budget && budget.on_exceed == OnExceed::Reject {
                 metrics.count_budget(BudgetOutcome::Rejected, &log.labels);
@@ -280,18 +292,6 @@ impl<'a> ChatCall<'a> {
             .tools
             .get()
             .is_some_and(|t| recall::offered(t));
-        if self.chained_on().is_some() {
-            let applied = report
-                .stage(StageName::Tools)
-                .and_then(|stage| stage.details.tools())
-                .is_some_and(|tools| tools.reason == Some(tools::Reason::Chain));
-            let outcome = match (&chain, applied) {
-                (_, true) => ChainToolsOutcome::Applied,
-                (None, false) => ChainToolsOutcome::Missing,
-                (Some(_), false) => ChainToolsOutcome::Whole,
-            };
-            metrics.count_chain_tools(outcome, &log.labels);
-        }
         let chain_defined = chain.map(ChainTools::into_defined).unwrap_or_default();
         let chain_tools = self.chain_tools_of(&rewrite.request, &chain_defined);
         Ok(Outgoing {
