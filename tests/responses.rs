@@ -760,3 +760,32 @@ async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept(
     let explained = proxy.explain(&chained, &[]).await;
     assert_eq!(explained["request"]["tools"], first["tools"]);
 }
+
+#[tokio::test]
+async fn a_chained_call_failing_a_schema_the_chain_defines_teaches_nothing_of_the_template() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = common::start_proxy(&filtering(&mock)).await;
+    let mut first = deferred(false);
+    first.as_object_mut().unwrap().remove("store");
+    let chained = |previous: &Value| {
+        json!({"model": "gpt-4o", "previous_response_id": previous, "tools": first["tools"],
+               "input": [{"role": "user", "content": "And in Rome?"}]})
+    };
+    let call = [("X-Mock-Tool-Call", "get_weather")];
+    let answer: Value = post(&proxy, &first, &[]).await.json().await.unwrap();
+    // Expanded: the re-ask defines the tool in a message, kept in the chain's history upstream.
+    let answer: Value = post(&proxy, &chained(&answer["id"]), &call)
+        .await
+        .json()
+        .await
+        .unwrap();
+    // The mock, holding no history, calls it with `{}`, which fails `required`: asked again with
+    // the tool in the block, but what the chain defines upstream says nothing of a template.
+    let answer = post(&proxy, &chained(&answer["id"]), &call).await;
+    assert_eq!(answer.headers()["x-ctxproxy-tools-expanded"], "get_weather");
+    let answer: Value = answer.json().await.unwrap();
+    let arguments = function_call(&answer)["arguments"].as_str().unwrap();
+    assert_eq!(arguments, r#"{"city":"mock"}"#);
+    let upstream = proxy.state.upstreams.get(0).unwrap();
+    assert_eq!(upstream.learned(), None);
+}

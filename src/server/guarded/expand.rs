@@ -319,7 +319,12 @@ impl ExpandCall {
             }
         };
         self.in_block = true;
-        self.unread |= failed.unread;
+        // What the chain's history defines upstream tells nothing of the template: no lesson.
+        let here = failed
+            .tools
+            .iter()
+            .any(|t| !self.upstream_defined.contains(t));
+        self.unread |= failed.unread && here;
         self.invalid_arguments = true;
         self.body()
     }
