@@ -755,6 +755,11 @@ async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept(
         .collect();
     assert_eq!(calls.len(), 1, "{text}");
     assert_eq!(events.last().unwrap()["type"], "response.completed");
+    // Its usage counts the history upstream: what the re-ask added is not told from it.
+    let reasked = proxy
+        .metric("ctxproxy_prompt_tokens_total", &[("phase", "reasked")])
+        .await;
+    assert_eq!(reasked, 0.0);
     // Kept upstream, a stream's expansion could not be hidden: the tools go whole.
     chained.as_object_mut().unwrap().remove("store");
     let explained = proxy.explain(&chained, &[]).await;

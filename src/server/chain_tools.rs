@@ -27,14 +27,14 @@ pub async fn load(state: &SharedState, scope: &str, previous: &str) -> Option<Ch
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Remembers `block` for the Response `id` of `scope` (a store error loses it: the chain's next
-/// request is sent the client's tools whole).
-pub async fn save(state: &SharedState, scope: &str, id: &str, block: &ChainTools) {
+/// Remembers `block` for the Response `id` of `scope`; whether it was stored (a store error
+/// loses it: the chain's next request is sent the client's tools whole).
+pub async fn save(state: &SharedState, scope: &str, id: &str, block: &ChainTools) -> bool {
     let Ok(value) = serde_json::to_vec(block) else {
-        return;
+        return false;
     };
     let ttl = Duration::from_secs(state.config.pipeline.prefix_ttl_secs);
-    state.store.set(&key(scope, id), &value, ttl).await;
+    state.store.set(&key(scope, id), &value, ttl).await
 }
 
 #[cfg(test)]

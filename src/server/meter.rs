@@ -57,6 +57,9 @@ pub struct ResponseMeter {
     /// The answer called stubs and was asked again (a stream says so in its comment): its
     /// usage sums every call's prompt.
     expanded: bool,
+    /// A chained request's: its usage counts the history the upstream holds, which its report
+    /// does not, so what an expansion added cannot be told from it.
+    history_upstream: bool,
     /// Which API the answer speaks: where its usage is and what it is called.
     api: Api,
     /// The usage of a JSON answer, when what read the answer before the relay had it: the
@@ -86,6 +89,7 @@ impl ResponseMeter {
             stream_usage: None,
             sent_tokens: None,
             expanded: false,
+            history_upstream: false,
             api: Api::Chat,
             answer_usage: None,
             json_bytes: 0,
@@ -130,6 +134,13 @@ impl ResponseMeter {
         self
     }
 
+    /// A chained request (`previous_response_id`, `conversation`): an expanded answer's saving
+    /// and re-asked tokens are not counted.
+    pub fn history_upstream(mut self, chained: bool) -> ResponseMeter {
+        self.history_upstream = chained;
+        self
+    }
+
     /// Counted once: at a stream's end, or when a JSON answer is read whole.
     fn count(&self, usage: &Usage) {
         let reported = usage
@@ -138,7 +149,8 @@ impl ResponseMeter {
             .and_then(|d| d.get("cached_tokens"))
             .and_then(serde_json::Value::as_u64);
         let cached = reported.unwrap_or(0);
-        if let Some(mut saving) = self.saving {
+        let unknown = self.expanded && self.history_upstream;
+        if let Some(mut saving) = self.saving.filter(|_| !unknown) {
             if self.expanded {
                 saving.sent_tokens = usage.prompt_tokens as usize;
             }
@@ -146,7 +158,7 @@ impl ResponseMeter {
         }
         let metrics = &self.state.metrics;
         let (model, tenant) = (self.labels.model.as_str(), self.labels.tenant.as_str());
-        if let Some(sent) = self.sent_tokens.filter(|_| self.expanded) {
+        if let Some(sent) = self.sent_tokens.filter(|_| self.expanded && !unknown) {
             let reasked = usage.prompt_tokens.saturating_sub(sent as u64);
             metrics
                 .prompt_tokens

@@ -186,14 +186,16 @@ impl Store {
         .flatten()
     }
 
-    pub async fn set(&self, key: &str, value: &[u8], ttl: Duration) {
+    /// Stores `value` under `key` for `ttl`; whether it was stored (a store error is not).
+    pub async fn set(&self, key: &str, value: &[u8], ttl: Duration) -> bool {
         let key = self.key(key);
         self.run(
             StoreOp::Set,
             async |r| r.set(&key, value, ttl).await,
             async |m| m.set(&key, value, ttl).await,
         )
-        .await;
+        .await
+        .is_some()
     }
 
     pub async fn delete(&self, key: &str) {

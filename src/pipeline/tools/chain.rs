@@ -35,9 +35,7 @@ impl ChainTools {
     /// add it back when a later turn needs it).
     pub fn of(client: &ChatRequest, sent: &[Tool], defined: Vec<String>) -> Option<ChainTools> {
         let tools = client.tools.get()?;
-        let offered = |name: &str| sent.iter().any(|t| tool_name(t) == Some(name));
-        let all_offered = tools.iter().filter_map(tool_name).all(offered);
-        (tools.as_slice() != sent && all_offered).then(|| ChainTools {
+        (tools.as_slice() != sent && offers_all(sent, tools)).then(|| ChainTools {
             client: digest(tools),
             sent: sent.to_vec(),
             defined,
@@ -54,7 +52,10 @@ impl ChainTools {
     /// `tool_choice` names goes in full. `None`: the client's tools go as they are.
     pub fn block_for(&self, request: &ChatRequest) -> Option<(Vec<Tool>, ToolsDetails)> {
         let client = request.tools.get().filter(|t| !t.is_empty())?;
-        if digest(client) != self.client || demanded_call(request).is_some() {
+        if digest(client) != self.client
+            || demanded_call(request).is_some()
+            || !offers_all(&self.sent, client)
+        {
             return None;
         }
         let block = match chosen_tool(request) {
@@ -70,6 +71,12 @@ impl ChainTools {
         };
         Some((block, details))
     }
+}
+
+/// Whether `sent` offers every named tool of `client`'s (in full or as a stub).
+fn offers_all(sent: &[Tool], client: &[Tool]) -> bool {
+    let offered = |name: &str| sent.iter().any(|t| tool_name(t) == Some(name));
+    client.iter().filter_map(tool_name).all(offered)
 }
 
 fn digest(tools: &[Tool]) -> u64 {
@@ -135,6 +142,13 @@ mod tests {
             ChainTools::of(&client, left_out, Vec::new()).is_none(),
             "a block that leaves a tool out is not carried along a chain"
         );
+        // A record of an earlier build that left a tool out is not sent either.
+        let old = ChainTools {
+            client: digest(&tools),
+            sent: left_out.to_vec(),
+            defined: Vec::new(),
+        };
+        assert!(old.block_for(&request(None)).is_none());
         let chain = ChainTools::of(&client, &first_block(&client), Vec::new()).unwrap();
         let mut other = request(None);
         other.tools = Nullable::Value(tools[..2].to_vec());

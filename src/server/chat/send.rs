@@ -303,6 +303,10 @@ impl ChatCall<'_> {
                 // A guard may continue the answer: its usage is read from what it gives.
                 usage = None;
                 let (answer, flags) = guarded::guard(guard, answer).await?;
+                if flags.repaired {
+                    // The retry that repaired a claim asked with the client's own tools.
+                    chain_tools = None;
+                }
                 log.flags = flags;
                 answer
             }
@@ -338,8 +342,9 @@ impl ChatCall<'_> {
             return Ok(answer);
         }
         let (answer, id) = guarded::read_id(self.upstream, answer).await?;
-        if let Some(id) = id {
-            chain_tools::save(self.state, &self.scope, &id, &block).await;
+        if let Some(id) = id
+            && chain_tools::save(self.state, &self.scope, &id, &block).await
+        {
             let metrics = &self.state.metrics;
             metrics.count_chain_tools(ChainToolsOutcome::Remembered, &self.labels);
         }
@@ -422,14 +427,7 @@ impl ChatCall<'_> {
             usage_asked,
             usage,
         } = answer;
-        // A chained request's usage counts the history the upstream holds, which its report
-        // does not: what a re-ask added cannot be told from it.
         let chained = self.responses.as_ref().is_some_and(|c| c.chained());
-        let (saving, sent_tokens) = if chained && expanded {
-            (None, None)
-        } else {
-            (saving, sent_tokens)
-        };
         let mut observers: Vec<Box<dyn BodyObserver>> = Vec::new();
         // Recorded from the upstream's bytes, before the usage event is left out for the client.
         if let Some(exchange) = log.take_record(&answer.response, sent_at) {
@@ -453,6 +451,7 @@ impl ChatCall<'_> {
                 .with_saving(saving)
                 .with_price(state.config.price_of(&self.chat.model))
                 .with_sent(sent_tokens, expanded)
+                .history_upstream(chained)
                 .for_api(api)
                 .with_answer_usage(usage),
             ));

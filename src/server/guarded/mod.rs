@@ -246,7 +246,8 @@ pub async fn read_id(
     struct Identified {
         id: String,
     }
-    if too_large(&answer) {
+    let hinted = http_body::Body::size_hint(answer.response.body()).exact();
+    if too_large(&answer) || hinted.is_some_and(|len| len > MAX_JSON_BYTES as u64) {
         return Ok((answer, None));
     }
     let deadline = answer.deadline;
