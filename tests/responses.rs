@@ -367,6 +367,24 @@ fn filtering(mock: &Mock) -> String {
     )
 }
 
+/// The JSON answer to `body`, and the tools the mock was sent for it.
+async fn answered_with_tools_sent(proxy: &common::Proxy, body: &Value) -> (Value, Value) {
+    let answer: Value = post(proxy, body, &[("X-Mock-Echo", "1")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let tools = answer["mock_echo"]["body"]["tools"].clone();
+    (answer, tools)
+}
+
+/// `deferred`, its Response kept upstream (`store` left to its default): one a client may chain on.
+fn kept_upstream(stream: bool) -> Value {
+    let mut body = deferred(stream);
+    body.as_object_mut().unwrap().remove("store");
+    body
+}
+
 /// A question no tool's words name, with two function tools and a hosted one.
 fn deferred(stream: bool) -> Value {
     json!({
@@ -418,6 +436,16 @@ async fn a_call_to_a_stub_is_asked_again_and_the_client_gets_only_the_full_call(
     );
     assert_eq!(MockStats::get(&mock.stats.responses_requests), 2);
     assert!(answer["usage"]["input_tokens"].as_u64().unwrap() > 0);
+}
+
+/// The `function_call` items a Responses stream finished, in order.
+fn streamed_calls(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| &e["item"])
+        .filter(|item| item["type"] == "function_call")
+        .collect()
 }
 
 /// The first `function_call` item of a JSON Response.
@@ -478,12 +506,7 @@ async fn a_streamed_call_to_a_stub_is_asked_again_in_the_same_stream() {
     );
     assert_eq!(kinds.last(), Some(&"response.completed"));
     // One call, the full one, with its arguments filled from the definition.
-    let calls: Vec<&Value> = events
-        .iter()
-        .filter(|e| e["type"] == "response.output_item.done")
-        .map(|e| &e["item"])
-        .filter(|item| item["type"] == "function_call")
-        .collect();
+    let calls = streamed_calls(&events);
     assert_eq!(calls.len(), 1, "{text}");
     assert_eq!(calls[0]["name"], "get_weather");
     let arguments: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
@@ -616,8 +639,7 @@ async fn a_recall_is_answered_by_the_proxy_on_a_json_answer() {
 async fn a_streamed_request_whose_response_is_kept_upstream_sends_its_tools_whole() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
-    let mut kept = deferred(true);
-    kept.as_object_mut().unwrap().remove("store");
+    let kept = kept_upstream(true);
     let explained = proxy.explain(&kept, &[]).await;
     assert_eq!(
         explained["request"]["tools"], kept["tools"],
@@ -636,19 +658,13 @@ async fn a_streamed_request_whose_response_is_kept_upstream_sends_its_tools_whol
 async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
-    let mut first = deferred(false);
-    first.as_object_mut().unwrap().remove("store");
+    let mut first = kept_upstream(false);
     // Any arguments answer its schema: the mock, which keeps no history, calls a stub with none.
     first["tools"][0]["parameters"]
         .as_object_mut()
         .unwrap()
         .remove("required");
-    let answer: Value = post(&proxy, &first, &[("X-Mock-Echo", "1")])
-        .await
-        .json()
-        .await
-        .unwrap();
-    let block = answer["mock_echo"]["body"]["tools"].clone();
+    let (answer, block) = answered_with_tools_sent(&proxy, &first).await;
     assert!(!block.to_string().contains("\"city\""), "stubs: {block}");
     let chained = |previous: &Value| {
         json!({"model": "gpt-4o", "previous_response_id": previous, "tools": first["tools"],
@@ -724,14 +740,8 @@ async fn a_request_chained_on_a_stored_response_sends_the_block_its_request_sent
 async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
-    let mut first = deferred(false);
-    first.as_object_mut().unwrap().remove("store");
-    let answer: Value = post(&proxy, &first, &[("X-Mock-Echo", "1")])
-        .await
-        .json()
-        .await
-        .unwrap();
-    let block = answer["mock_echo"]["body"]["tools"].clone();
+    let first = kept_upstream(false);
+    let (answer, block) = answered_with_tools_sent(&proxy, &first).await;
     let mut chained = json!({"model": "gpt-4o", "previous_response_id": answer["id"],
         "tools": first["tools"], "store": false, "stream": true,
         "input": [{"role": "user", "content": "And in Rome?"}]});
@@ -747,12 +757,7 @@ async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept(
         "{text}"
     );
     let events = parsed_events(&text);
-    let calls: Vec<&Value> = events
-        .iter()
-        .filter(|e| e["type"] == "response.output_item.done")
-        .map(|e| &e["item"])
-        .filter(|item| item["type"] == "function_call")
-        .collect();
+    let calls = streamed_calls(&events);
     assert_eq!(calls.len(), 1, "{text}");
     assert_eq!(events.last().unwrap()["type"], "response.completed");
     // Its usage counts the history upstream: what the re-ask added is not told from it.
@@ -770,8 +775,7 @@ async fn a_streamed_chained_request_sends_the_block_unless_its_response_is_kept(
 async fn a_chained_call_failing_a_schema_the_chain_defines_teaches_nothing_of_the_template() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = common::start_proxy(&filtering(&mock)).await;
-    let mut first = deferred(false);
-    first.as_object_mut().unwrap().remove("store");
+    let first = kept_upstream(false);
     let chained = |previous: &Value| {
         json!({"model": "gpt-4o", "previous_response_id": previous, "tools": first["tools"],
                "input": [{"role": "user", "content": "And in Rome?"}]})
