@@ -21,11 +21,9 @@ use serde_json::Value;
 
 use super::arguments::{ArgumentCheck, Failed};
 use super::expand::{PartEnd, add_usage, repeats, tool_call};
-use super::stream::{Relay, relay_events};
+use super::stream::{Relay, part_event, relay_events};
 use crate::openai::ToolCall;
-use crate::openai::sse::{
-    SseSplitter, StreamProgress, event_object, responses_event_too_large_event,
-};
+use crate::openai::sse::{SseSplitter, StreamProgress, responses_event_too_large_event};
 
 /// Where the events of one output item go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,14 +244,7 @@ impl ResponsesExpandStream {
     }
 
     fn take(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
-        // The terminal event ended the part: nothing after it is the answer's.
-        if self.progress.done() {
-            return;
-        }
-        self.progress.see(&raw);
-        let Some(event) = event_object(&raw) else {
-            // A comment or keep-alive.
-            out.push(raw);
+        let Some(event) = part_event(&mut self.progress, &raw, out) else {
             return;
         };
         let kind = event["type"].as_str().unwrap_or_default().to_owned();

@@ -21,11 +21,9 @@ use super::Guards;
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{may_overlap, overlap, sum_usage};
 use super::responses_json::with_input_items;
-use super::stream::{Finish, Next, PartEnd, Relay, relay_events};
+use super::stream::{Finish, Next, PartEnd, Relay, part_event, relay_events};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{
-    SseSplitter, StreamProgress, event_object, responses_event_too_large_event,
-};
+use crate::openai::sse::{SseSplitter, StreamProgress, responses_event_too_large_event};
 
 const ADDED: &str = "response.output_item.added";
 const DONE: &str = "response.output_item.done";
@@ -307,14 +305,7 @@ impl<'a> ResponsesStreamRewriter<'a> {
     }
 
     fn take(&mut self, raw: Bytes, out: &mut Vec<Bytes>) {
-        // The terminal event ended the part: nothing after it is the answer's.
-        if self.progress.done() {
-            return;
-        }
-        self.progress.see(&raw);
-        let Some(event) = event_object(&raw) else {
-            // A comment or keep-alive.
-            out.push(raw);
+        let Some(event) = part_event(&mut self.progress, &raw, out) else {
             return;
         };
         let kind = event["type"].as_str().unwrap_or_default().to_owned();

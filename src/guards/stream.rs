@@ -11,7 +11,9 @@ use super::chunk::{self, Event, event, has_delta, restamp, set_delta, set_finish
 use super::claims::{ACTION_CLAIMED, X_CTXPROXY_WARNING, claimed_action};
 use super::continuation::{continuation_body, may_overlap, overlap, sum_usage};
 use crate::metrics::ContinuationOutcome;
-use crate::openai::sse::{EventTooLarge, SseSplitter, StreamProgress, event_too_large_event};
+use crate::openai::sse::{
+    EventTooLarge, SseSplitter, StreamProgress, event_object, event_too_large_event,
+};
 
 /// What to do with a piece of a part's body.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,6 +22,25 @@ pub enum Relay {
     Events(Vec<Bytes>),
     /// An event is larger than allowed: forward this error event and stop (the answer is cut).
     TooLarge(Bytes),
+}
+
+/// The JSON object of an event a Responses part's rewriter reads: `None` once the part's
+/// terminal event was seen (nothing after it is the answer's) and for a comment or keep-alive,
+/// which goes to `out` as it came.
+pub(crate) fn part_event(
+    progress: &mut StreamProgress,
+    raw: &Bytes,
+    out: &mut Vec<Bytes>,
+) -> Option<serde_json::Value> {
+    if progress.done() {
+        return None;
+    }
+    progress.see(raw);
+    let event = event_object(raw);
+    if event.is_none() {
+        out.push(raw.clone());
+    }
+    event
 }
 
 /// The events `pushed` completed, each taken by `take` (which adds what goes to the client), or
