@@ -13,7 +13,8 @@ connection (a chat body to /v1/chat/completions, a Responses body to /v1/respons
 `Cache-Control: no-store`), dumps, and prints the instructions the proxy executed per request
 (user space, every thread: parse, rewrite, send, relay). Requests in order are what a replica
 serving the file would see: a file of snapshots (tau2 dev, MCPMark) is cold, every turn in order
-is warm. `--top K` also prints the K functions with the most instructions, inclusive.
+is warm. `--top K` also prints the K functions with the most instructions, inclusive; `--keep DIR`
+keeps the callgrind dump there (for `callgrind_annotate --tree=caller`).
 
 Files are names in $DATA (../shared/data) or paths. Needs valgrind (`apt-get install valgrind`);
 the proxy runs 30-60x slower under it, so a file of 400 requests takes a minute or two.
@@ -40,7 +41,7 @@ def is_responses(body):
     return b'"messages"' not in body and b'"input"' in body
 
 
-def measure(path, limit, top, workdir):
+def measure(path, limit, top, workdir, keep):
     bodies = [line for line in open(path, "rb") if line.strip()][:limit]
     if not bodies:
         fail(f"{path} holds no request")
@@ -90,6 +91,10 @@ def measure(path, limit, top, workdir):
     name = os.path.basename(path)
     print(f"{name}: {len(bodies)} requests, {errors} not 200, "
           f"{total / len(bodies) / 1e6:.3f} M instructions per request")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        for dump in dumps:
+            shutil.copy(dump, os.path.join(keep, name + "." + os.path.basename(dump)))
     if top and dumps:
         biggest = max(dumps, key=os.path.getsize)
         listing = subprocess.run(
@@ -105,6 +110,7 @@ def main():
     parser.add_argument("files", nargs="+")
     parser.add_argument("--limit", type=int, default=10**9)
     parser.add_argument("--top", type=int, default=0)
+    parser.add_argument("--keep", metavar="DIR")
     args = parser.parse_args()
     if not shutil.which("valgrind"):
         fail("valgrind is not installed (apt-get install valgrind)")
@@ -113,7 +119,7 @@ def main():
         if not os.path.exists(path):
             fail(f"no file {name} (nor {path})")
         with tempfile.TemporaryDirectory(prefix="ctxproxy-instructions.") as workdir:
-            measure(path, args.limit, args.top, workdir)
+            measure(path, args.limit, args.top, workdir, args.keep)
 
 
 if __name__ == "__main__":

@@ -293,11 +293,16 @@ fn append(state: &mut State, lines: &[String], removed: &[(usize, &Message)], cx
     for line in lines {
         push_line(&mut state.text, line);
     }
-    let added = &state.text[start..];
-    let found: Vec<String> = removed
+    let added = Shows::new(&state.text[start..]);
+    let ids: Vec<Arc<[String]>> = removed.iter().map(|(_, m)| message_ids(m, cx)).collect();
+    let mut checked: HashSet<&str> = HashSet::new();
+    let found: Vec<String> = ids
         .iter()
-        .flat_map(|(_, m)| message_ids(m, cx).to_vec())
-        .filter(|value| !state.shown.contains(value) && shows(added, value))
+        .flat_map(|ids| ids.iter())
+        .filter(|value| {
+            checked.insert(value.as_str()) && !state.shown.contains(*value) && added.shows(value)
+        })
+        .cloned()
         .collect();
     state.shown.extend(found);
     state.tokens += lines_tokens(lines, cx);
@@ -351,13 +356,42 @@ fn message_ids(message: &Message, cx: &StageCx<'_>) -> Arc<[String]> {
         .identifiers(hasher.finish(), || Views::new(cx.memo).message_ids(message))
 }
 
+/// A text and its words (the longest runs of letters, digits and `_`): whether it shows a value
+/// whole, not inside a longer word or number. A value that is one word is shown exactly when it
+/// is one of the words; any other is searched for.
+struct Shows<'a> {
+    text: &'a str,
+    words: HashSet<&'a str>,
+}
+
+impl<'a> Shows<'a> {
+    fn new(text: &'a str) -> Shows<'a> {
+        let words = text
+            .split(|c: char| !is_word_char(c))
+            .filter(|w| !w.is_empty())
+            .collect();
+        Shows { text, words }
+    }
+
+    fn shows(&self, value: &str) -> bool {
+        if value.chars().all(is_word_char) {
+            return self.words.contains(value);
+        }
+        shows(self.text, value)
+    }
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
 /// Whether `text` shows `value` whole: not inside a longer word or number.
 fn shows(text: &str, value: &str) -> bool {
     if value.is_empty() {
         return false;
     }
-    let part_of_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
-    text.match_indices(value).any(|(at, _)| {
+    let part_of_word = |c: Option<char>| c.is_some_and(is_word_char);
+    memchr::memmem::find_iter(text.as_bytes(), value.as_bytes()).any(|at| {
         !part_of_word(text[..at].chars().next_back())
             && !part_of_word(text[at + value.len()..].chars().next())
     })

@@ -183,3 +183,56 @@ fn the_answer_kept_verbatim_is_not_repeated_until_it_is_summarized() {
     assert!(!next.text.contains("- assistant: R-55"), "{}", next.text);
     assert!(next.text.contains("- assistant: $481.50, card_77\n"));
 }
+
+/// `shows` as it first was: every occurrence `str::match_indices` finds, checked at its ends.
+fn shows_by_match_indices(text: &str, value: &str) -> bool {
+    let part_of_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    !value.is_empty()
+        && text.match_indices(value).any(|(at, _)| {
+            !part_of_word(text[..at].chars().next_back())
+                && !part_of_word(text[at + value.len()..].chars().next())
+        })
+}
+
+#[test]
+fn a_value_is_shown_whole_only() {
+    let added = Shows::new("- order #W123 for zb-b-b, port 8000:8000 (é_1)\n");
+    for (value, shown) in [
+        ("W123", true),
+        ("W12", false),
+        ("123", false),
+        ("8000:8000", true),
+        ("8000", true),
+        // Its first occurrence follows `z`, and the next one overlaps it: never looked at.
+        ("b-b", false),
+        ("b-b,", true),
+        ("zb", true),
+        ("é_1", true),
+        ("_1", false),
+        ("", false),
+    ] {
+        assert_eq!(added.shows(value), shown, "{value}");
+        assert_eq!(shows_by_match_indices(added.text, value), shown, "{value}");
+    }
+}
+
+proptest::proptest! {
+    /// Words looked up and values searched for give what every occurrence checked gave, on
+    /// texts and values over an alphabet of word characters, separators and a multi-byte letter.
+    #[test]
+    fn shows_agrees_with_every_occurrence_checked(
+        text in "[ab1_ é:-]{0,40}",
+        value in "[ab1_ é:-]{0,6}",
+    ) {
+        let added = Shows::new(&text);
+        proptest::prop_assert_eq!(added.shows(&value), shows_by_match_indices(&text, &value));
+        // A value cut from the text itself, so that occurrences are common.
+        let chars: Vec<char> = text.chars().collect();
+        for start in 0..chars.len() {
+            for end in start..chars.len().min(start + 6) {
+                let cut: String = chars[start..=end].iter().collect();
+                proptest::prop_assert_eq!(added.shows(&cut), shows_by_match_indices(&text, &cut));
+            }
+        }
+    }
+}
