@@ -5,6 +5,7 @@
 pub mod config;
 
 use std::borrow::Borrow;
+use std::collections::VecDeque;
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -21,12 +22,18 @@ pub struct ByteLru<K, V> {
     bytes: usize,
     max_bytes: usize,
     idle: Option<Duration>,
+    /// When each period between two sweeps began, oldest first: an entry records the period of
+    /// its last use, so an access reads no clock. Only the periods of the entries left are kept.
+    periods: VecDeque<Instant>,
+    /// The number of the period `periods[0]` began.
+    first_period: u64,
 }
 
 struct Slot<V> {
     value: V,
     bytes: usize,
-    used: Instant,
+    /// The period of its last use.
+    used: u64,
 }
 
 impl<K: Hash + Eq, V> ByteLru<K, V> {
@@ -37,7 +44,14 @@ impl<K: Hash + Eq, V> ByteLru<K, V> {
             bytes: 0,
             max_bytes,
             idle,
+            periods: VecDeque::from([Instant::now()]),
+            first_period: 0,
         }
+    }
+
+    /// The period since the last sweep.
+    fn period(&self) -> u64 {
+        self.first_period + self.periods.len() as u64 - 1
     }
 
     /// The value for `key`, now the most recently used.
@@ -54,8 +68,9 @@ impl<K: Hash + Eq, V> ByteLru<K, V> {
     where
         K: Borrow<Q>,
     {
+        let period = self.period();
         let slot = self.map.get_mut(key)?;
-        slot.used = Instant::now();
+        slot.used = period;
         Some(&mut slot.value)
     }
 
@@ -69,7 +84,7 @@ impl<K: Hash + Eq, V> ByteLru<K, V> {
             return false;
         }
         self.evict_to(self.max_bytes - bytes);
-        let used = Instant::now();
+        let used = self.period();
         self.map.put(key, Slot { value, bytes, used });
         self.bytes += bytes;
         true
@@ -130,18 +145,37 @@ impl<K: Hash + Eq, V> ByteLru<K, V> {
         }
     }
 
-    /// Drops the entries unused for longer than the map's `idle` (none without one).
+    /// Drops the entries unused for longer than the map's `idle` (none without one), counted
+    /// from the end of the period of their last use: an entry goes between `idle` and `idle`
+    /// plus one period between sweeps after it was last used.
     pub fn sweep(&mut self, now: Instant) {
         let Some(idle) = self.idle else {
             return;
         };
+        let ended = Instant::now();
+        // A period ends where the next one begins; the current one, now.
+        let end_of = |period: u64, periods: &VecDeque<Instant>, first: u64| {
+            let next = period.saturating_add(1).saturating_sub(first);
+            usize::try_from(next)
+                .ok()
+                .and_then(|next| periods.get(next).copied())
+                .unwrap_or(ended)
+        };
         while let Some((_, slot)) = self.map.peek_lru() {
-            if now.saturating_duration_since(slot.used) <= idle {
+            let last_used = end_of(slot.used, &self.periods, self.first_period);
+            if now.saturating_duration_since(last_used) <= idle {
                 break;
             }
             if let Some((_, slot)) = self.map.pop_lru() {
                 self.bytes -= slot.bytes;
             }
+        }
+        self.periods.push_back(ended);
+        // The periods before the least recently used entry's no longer speak for any entry.
+        let oldest = self.map.peek_lru().map_or(self.period(), |(_, s)| s.used);
+        while self.first_period < oldest && self.periods.len() > 1 {
+            self.periods.pop_front();
+            self.first_period += 1;
         }
         if self.map.is_empty() {
             // Give back the table itself, not only its entries.
@@ -349,6 +383,18 @@ mod tests {
         map.sweep(now + Duration::from_secs(61));
         assert!(map.is_empty());
         assert_eq!(map.bytes(), 0);
+        // Entries of the period before the last sweep and of the current one: each kept until
+        // `idle` after its period ended, and the periods of no entry forgotten.
+        map.insert(3, 3, 10);
+        map.sweep(Instant::now());
+        map.insert(4, 4, 10);
+        let later = Instant::now() + Duration::from_secs(30);
+        map.sweep(later);
+        assert_eq!(map.len(), 2);
+        assert_eq!(map.periods.len(), 3);
+        map.sweep(later + Duration::from_secs(31));
+        assert!(map.is_empty());
+        assert_eq!(map.periods.len(), 1);
         // Without an idle time nothing is swept.
         let mut kept: ByteLru<u64, u32> = ByteLru::new(1 << 20, None);
         kept.insert(1, 1, 10);

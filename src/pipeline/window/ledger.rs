@@ -51,6 +51,23 @@ type Render<'a> = dyn Fn(bool, &dyn Fn(&str) -> bool) -> String + 'a;
 
 /// Values the rewritten request still shows.
 pub type Shown<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
+
+/// A set of values already shown, however it holds them.
+pub trait IsShown {
+    fn is_shown(&self, value: &str) -> bool;
+}
+
+impl IsShown for Shown<'_> {
+    fn is_shown(&self, value: &str) -> bool {
+        self.contains(value)
+    }
+}
+
+impl IsShown for HashSet<String, foldhash::fast::RandomState> {
+    fn is_shown(&self, value: &str) -> bool {
+        self.contains(value)
+    }
+}
 /// The last position where the conversation mentions a value.
 pub type Mentions<'a> = HashMap<&'a str, usize, foldhash::fast::RandomState>;
 
@@ -66,7 +83,7 @@ fn content_of(message: &Message) -> std::borrow::Cow<'_, str> {
 /// a value to the last position where the conversation mentions it.
 pub fn lines(
     removed: &[(usize, &Message)],
-    shown: &Shown<'_>,
+    shown: &impl IsShown,
     mentions: &Mentions<'_>,
     max_tokens: usize,
     counter: &TokenCounter,
@@ -79,7 +96,7 @@ pub fn lines(
     let views = &views;
     // What a line leaves out: values shown elsewhere, and weak ones in its strong version.
     let left_out = move |value: &str, strong: bool| {
-        shown.contains(value) || (strong && !is_strong_identifier(value))
+        shown.is_shown(value) || (strong && !is_strong_identifier(value))
     };
     let skip = move |value: &str, strong: bool, elsewhere: &dyn Fn(&str) -> bool| {
         left_out(value, strong) || elsewhere(value)

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use foldhash::quality::FixedState;
 
-use super::ledger::{self, Mentions, Shown, Views};
+use super::ledger::{self, IsShown, Mentions, Views};
 use super::summary;
 use super::turns::Turn;
 use crate::bounded::Weigh;
@@ -73,7 +73,7 @@ struct State {
     tokens: usize,
     lines: usize,
     /// The values it and the instructions show: a later block does not repeat them.
-    shown: HashSet<String>,
+    shown: HashSet<String, foldhash::fast::RandomState>,
     folds: usize,
 }
 
@@ -94,10 +94,12 @@ pub fn build(
     let ledger = ledger_state(head, older, cx);
     // The last turn's answer, unless it is kept: what the next turn's block will start with.
     let pending = match older.last() {
-        Some(last) if !answered_kept => {
-            let shown: Shown<'_> = ledger.shown.iter().map(String::as_str).collect();
-            ledger_lines(&tail(last), &shown, cx.config.window.ledger_max_tokens, cx)
-        }
+        Some(last) if !answered_kept => ledger_lines(
+            &tail(last),
+            &ledger.shown,
+            cx.config.window.ledger_max_tokens,
+            cx,
+        ),
         _ => Vec::new(),
     };
     let lines = summary::latest(older, cx.params.max_segments, cx);
@@ -177,19 +179,14 @@ fn step(previous: &State, head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>
     }
     // The same lines the section showed after the turn before, when its answer was not kept.
     let answer = before.last().map(tail).unwrap_or_default();
-    let answer_lines = {
-        let shown: Shown<'_> = next.shown.iter().map(String::as_str).collect();
-        ledger_lines(&answer, &shown, cap, cx)
-    };
-    let mut after_answer = next.clone();
+    let answer_lines = ledger_lines(&answer, &next.shown, cap, cx);
+    let tokens_before = next.tokens;
+    let mut after_answer = next;
     append(&mut after_answer, &answer_lines, &answer, cx);
     let body = body(turn);
-    let body_lines = {
-        let shown: Shown<'_> = after_answer.shown.iter().map(String::as_str).collect();
-        ledger_lines(&body, &shown, cap, cx)
-    };
+    let body_lines = ledger_lines(&body, &after_answer.shown, cap, cx);
     let tokens = lines_tokens(&answer_lines, cx) + lines_tokens(&body_lines, cx);
-    if next.tokens + tokens > fold_at(cx) {
+    if tokens_before + tokens > fold_at(cx) {
         let mut folded = fold(head, older, cx);
         folded.folds = previous.folds + 1;
         return folded;
@@ -215,10 +212,7 @@ fn fold(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> State {
     let mut removed = removed_of(before);
     removed.extend(body(last));
     let cap = cx.config.window.ledger_max_tokens;
-    let lines = {
-        let shown: Shown<'_> = state.shown.iter().map(String::as_str).collect();
-        ledger_lines(&removed, &shown, cap, cx)
-    };
+    let lines = ledger_lines(&removed, &state.shown, cap, cx);
     append(&mut state, &lines, &removed, cx);
     state
 }
@@ -264,7 +258,7 @@ fn answer_start(turn: &Turn<'_>) -> usize {
 /// recently mentioned first (mentions counted among `removed`).
 fn ledger_lines(
     removed: &[(usize, &Message)],
-    shown: &Shown<'_>,
+    shown: &impl IsShown,
     max_tokens: usize,
     cx: &StageCx<'_>,
 ) -> Vec<String> {
@@ -295,7 +289,7 @@ fn append(state: &mut State, lines: &[String], removed: &[(usize, &Message)], cx
     }
     let added = Shows::new(&state.text[start..]);
     let ids: Vec<Arc<[String]>> = removed.iter().map(|(_, m)| message_ids(m, cx)).collect();
-    let mut checked: HashSet<&str> = HashSet::new();
+    let mut checked = ledger::Shown::default();
     let found: Vec<String> = ids
         .iter()
         .flat_map(|ids| ids.iter())
