@@ -69,15 +69,48 @@ thread_local! {
 /// Calls `each` with every piece of `text` in order, as the encoding's tokenizer splits it.
 pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&str)) {
     if text.is_ascii() {
-        let mut last = 0;
-        while last < text.len() {
-            let end = ascii_piece_end(encoding, text.as_bytes(), last);
-            each(&text[last..end]);
-            last = end;
-        }
-    } else {
-        regex_pieces(encoding, text, each);
+        ascii_pieces(encoding, text, &mut each);
+        return;
     }
+    // Lines that are all ASCII are split by hand, the others by the regex.
+    let mut start = 0;
+    for end in piece_boundaries_after_line_breaks(text).chain([text.len()]) {
+        let chunk = &text[start..end];
+        if chunk.is_ascii() {
+            ascii_pieces(encoding, chunk, &mut each);
+        } else {
+            regex_pieces(encoding, chunk, &mut each);
+        }
+        start = end;
+    }
+}
+
+fn ascii_pieces(encoding: Encoding, text: &str, each: &mut impl FnMut(&str)) {
+    let mut last = 0;
+    while last < text.len() {
+        let end = ascii_piece_end(encoding, text.as_bytes(), last);
+        each(&text[last..end]);
+        last = end;
+    }
+}
+
+/// Positions right after a line break where both encodings always start a piece, whatever came
+/// before: no pattern goes on past a line break but to take more line breaks (or, after
+/// symbols, `/`), so one does here when the next character is neither and the white space it
+/// starts holds no line break. A piece that starts there reads nothing before it.
+fn piece_boundaries_after_line_breaks(text: &str) -> impl Iterator<Item = usize> + '_ {
+    memchr::memchr2_iter(b'\n', b'\r', text.as_bytes())
+        .map(|at| at + 1)
+        .filter(move |&at| {
+            let mut rest = text[at..].chars();
+            match rest.next() {
+                None | Some('\r' | '\n' | '/') => false,
+                Some(c) if c.is_whitespace() => rest
+                    .take_while(|c| c.is_whitespace())
+                    .all(|c| c != '\r' && c != '\n'),
+                Some(_) => true,
+            }
+        })
 }
 
 /// The end of the piece of ASCII `text` that starts at `at` (`at < text.len()`): the first
@@ -287,8 +320,42 @@ mod tests {
         }
     }
 
+    fn by_lines(encoding: Encoding, text: &str, each: &mut dyn FnMut(&str)) {
+        for_each_piece(encoding, text, each);
+    }
+
+    #[test]
+    fn text_with_other_letters_splits_by_lines_as_the_patterns_split_it() {
+        let texts = [
+            "- order #W123\n- café: 8000:8000\n",
+            "{\n  \"name\": \"Zoë\",\n  \"id\": 7\n}\n",
+            "a.\n/é\n\n  \n b",
+            "x\r\n\u{a0}\n\u{a0}y ü\n\t\u{2028}z",
+            "ß\n\n\n",
+            "\n日本\n \u{1F600}",
+        ];
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for text in texts {
+                assert_eq!(
+                    pieces(encoding, text, by_lines),
+                    pieces(encoding, text, by_regex),
+                    "{encoding:?} {text:?}"
+                );
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn any_text_splits_by_lines_as_the_patterns_split_it(
+            text in "([a-zA-Z]{1,3}|[0-9]{1,4}|[ \t\n\r\x0b\x0c]{1,3}|[./:\"{}-]{1,2}|[éßÜ日\u{a0}\u{2028}\u{85}\u{1F600}]){0,40}"
+        ) {
+            for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                prop_assert_eq!(pieces(encoding, &text, by_lines), pieces(encoding, &text, by_regex));
+            }
+        }
+
         #[test]
         fn any_ascii_splits_by_hand_as_the_patterns_split_it(
             text in "([a-zA-Z]{1,4}|[0-9]{1,5}|'[sStTmMdDrRvVlLeE]{0,2}|[ \t\n\r\x0b\x0c]{1,4}|[!-/:-@\\[-`{-~]{1,3}|[\x00-\x08\x0e-\x1f\x7f]){0,40}"
