@@ -293,6 +293,18 @@ mod tests {
         regex_pieces(encoding, text, each);
     }
 
+    fn assert_splits_as_the_regex(texts: &[&str], split: Split) {
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for text in texts {
+                assert_eq!(
+                    pieces(encoding, text, split),
+                    pieces(encoding, text, by_regex),
+                    "{encoding:?} {text:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn ascii_splits_by_hand_as_the_patterns_split_it() {
         let texts = [
@@ -309,15 +321,7 @@ mod tests {
             "1234567890",
             "x  \n",
         ];
-        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
-            for text in texts {
-                assert_eq!(
-                    pieces(encoding, text, by_hand),
-                    pieces(encoding, text, by_regex),
-                    "{encoding:?} {text:?}"
-                );
-            }
-        }
+        assert_splits_as_the_regex(&texts, by_hand);
     }
 
     fn by_lines(encoding: Encoding, text: &str, each: &mut dyn FnMut(&str)) {
@@ -334,15 +338,7 @@ mod tests {
             "ß\n\n\n",
             "\n日本\n \u{1F600}",
         ];
-        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
-            for text in texts {
-                assert_eq!(
-                    pieces(encoding, text, by_lines),
-                    pieces(encoding, text, by_regex),
-                    "{encoding:?} {text:?}"
-                );
-            }
-        }
+        assert_splits_as_the_regex(&texts, by_lines);
     }
 
     proptest! {
