@@ -355,7 +355,7 @@ fn message_ids(message: &Message, cx: &StageCx<'_>) -> Arc<[String]> {
 /// is one of the words; any other is searched for.
 struct Shows<'a> {
     text: &'a str,
-    words: HashSet<&'a str>,
+    words: ledger::Shown<'a>,
 }
 
 impl<'a> Shows<'a> {
