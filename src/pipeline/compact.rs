@@ -111,11 +111,19 @@ impl Stage for CompactStage {
             if n < keep_from && clear.contains(&index) {
                 let max_tokens = cx.config.compact.stub_max_tokens;
                 let before = &request.messages[..index];
-                let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
-                let stub = cx.memo.text(key, || {
-                    let task = TaskWords::of(before, call);
-                    stub(call, &text, max_tokens, &task, cx.counter)
-                });
+                // What the user asked plays a part only when the stub must be cut.
+                let start = stub_start(call, &text, max_tokens, cx.counter, cx.memo);
+                let stub = match &*start {
+                    StubStart::Whole(stub) => Arc::from(stub.as_str()),
+                    StubStart::TooLong { label, tree, held } => {
+                        let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
+                        cx.memo.text(key, || {
+                            let task = TaskWords::of(before, call);
+                            let tree = tree.as_ref();
+                            cut_stub(label, tree, held, max_tokens, &task, cx.counter)
+                        })
+                    }
+                };
                 let stub = if recall {
                     let handle = recall::handle_of(&text);
                     let stub = with_handle(&stub, &handle);
@@ -133,8 +141,16 @@ impl Stage for CompactStage {
                 continue;
             }
             let max_tokens = cx.params.tool_result_max_tokens;
-            if cx.counter.text(&text) <= max_tokens {
-                if let Some(json) = minified(&text) {
+            let tokens = cx.counter.text(&text);
+            if tokens <= max_tokens {
+                // Within the configured cap too, the working-set form is the minified JSON,
+                // memoized: each point and budget step meets the same result again.
+                let json = if tokens <= cx.config.compact.tool_result_max_tokens {
+                    working_set_result(&text, cx.config, cx.counter, cx.memo).map(|(json, _)| json)
+                } else {
+                    minified(&text)
+                };
+                if let Some(json) = json {
                     json_compacted += 1;
                     replace(index, json);
                 }
@@ -445,6 +461,8 @@ fn stub_key(
 /// `[get_order_details(order_id: #W1) result cleared; it held: status: …, items: [item_id: 6117189161, price: 481.5]]`.
 /// Where that is too long, listings of names keep first those the task's words say; then the
 /// start is kept, cut between two values. A stub that left something out ends with ` …`.
+/// (The stage makes the same from the memoized `stub_start`.)
+#[cfg(test)]
 fn stub(
     call: Option<&ToolCall>,
     text: &str,
@@ -452,6 +470,92 @@ fn stub(
     task: &TaskWords<'_>,
     counter: &TokenCounter,
 ) -> String {
+    match start_of_stub(call, text, max_tokens, counter) {
+        StubStart::Whole(stub) => stub,
+        StubStart::TooLong { label, tree, held } => {
+            cut_stub(&label, tree.as_ref(), &held, max_tokens, task, counter)
+        }
+    }
+}
+
+/// A stub as far as the task's words play no part.
+enum StubStart {
+    /// The whole stub, within `max_tokens`.
+    Whole(String),
+    /// Over `max_tokens`: the call's label, what the result held, and its tree when it is
+    /// one, for the task's words to cut.
+    TooLong {
+        label: String,
+        tree: Option<Value>,
+        held: String,
+    },
+}
+
+impl crate::bounded::Weigh for StubStart {
+    fn heap_bytes(&self) -> usize {
+        match self {
+            StubStart::Whole(stub) => stub.capacity(),
+            StubStart::TooLong { label, tree, held } => {
+                label.capacity() + held.capacity() + tree.as_ref().map_or(0, Value::heap_bytes)
+            }
+        }
+    }
+}
+
+/// Seed of the memo keys of stub starts.
+const STUB_START_SEED: u64 = 0x7374_7562_0000_0002;
+
+/// `start_of_stub`, memoized by the call, the result and the cap.
+fn stub_start(
+    call: Option<&ToolCall>,
+    text: &str,
+    max_tokens: usize,
+    counter: &TokenCounter,
+    memo: &Memo,
+) -> Arc<StubStart> {
+    let key = FixedState::with_seed(STUB_START_SEED).hash_one((
+        call.map(|c| (&c.function.name, &c.function.arguments)),
+        text,
+        max_tokens,
+        counter.encoding(),
+    ));
+    memo.value(key, || start_of_stub(call, text, max_tokens, counter))
+}
+
+/// What every cut stub of a call's result starts with.
+fn cut_stub_start(label: &str) -> String {
+    format!("[{label} result cleared; it held:")
+}
+
+/// The stub within `max_tokens` of a result whose whole stub is over it: listings of names
+/// keep first those the task's words say; then the start is kept, cut between two values.
+fn cut_stub(
+    label: &str,
+    tree: Option<&Value>,
+    held: &str,
+    max_tokens: usize,
+    task: &TaskWords<'_>,
+    counter: &TokenCounter,
+) -> String {
+    let mut held = held.to_owned();
+    if let Some(value) = tree {
+        for cut in listing::cut_to_task(value, task) {
+            held = render_labelled_once(&cut, &|_| false);
+            let out = format!("{} {held} …]", cut_stub_start(label));
+            if counter.text(&out) <= max_tokens {
+                return out;
+            }
+        }
+    }
+    cut_to_fit(label, &held, max_tokens, counter)
+}
+
+fn start_of_stub(
+    call: Option<&ToolCall>,
+    text: &str,
+    max_tokens: usize,
+    counter: &TokenCounter,
+) -> StubStart {
     let label = call.map_or_else(
         || "Previous".to_owned(),
         |c| call_label(&c.function.name, &c.function.arguments),
@@ -479,26 +583,20 @@ fn stub(
             .map(str::trim)
             .find(|l| l.chars().any(char::is_alphanumeric))
             .unwrap_or("");
-        return format!(
+        return StubStart::Whole(format!(
             "[{label} result cleared: {}]",
             cut_at_whitespace(first_line, STUB_CHARS)
-        );
+        ));
     }
     let out = format!("[{label} result cleared; it held: {held}]");
     if counter.text(&out) <= max_tokens {
-        return out;
+        return StubStart::Whole(out);
     }
-    let mut held = held;
-    if let Payload::Tree(value) = &content {
-        for cut in listing::cut_to_task(value, task) {
-            held = render_labelled_once(&cut, &|_| false);
-            let out = format!("[{label} result cleared; it held: {held} …]");
-            if counter.text(&out) <= max_tokens {
-                return out;
-            }
-        }
+    StubStart::TooLong {
+        label,
+        tree: content.into_tree(),
+        held,
     }
-    cut_to_fit(&label, &held, max_tokens, counter)
 }
 
 /// The stub with `held` cut between two values, keeping the start (bytes per token from the
@@ -515,7 +613,7 @@ fn cut_to_fit(label: &str, held: &str, max_tokens: usize, counter: &TokenCounter
             .map(|(i, _)| i)
             .next()
             .unwrap_or(0);
-        out = format!("[{label} result cleared; it held: {} …]", &held[..cut]);
+        out = format!("{} {} …]", cut_stub_start(label), &held[..cut]);
         if cut == 0 || counter.text(&out) <= max_tokens {
             return out;
         }
