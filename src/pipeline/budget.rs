@@ -166,27 +166,25 @@ fn ledger_lines(section: &str) -> Option<&str> {
     Some(&rest[..end])
 }
 
-/// Tightens `Params` step by step, re-running the stages through `rerun`, and keeps the
-/// first (least reduced) step that fits. Each step only reduces more than the one before, so
-/// the tightest is tried first (when even it does not fit, it is the best effort) and the first
-/// fitting step is found by bisection: at most 1 + log2(7) re-runs. Returns the request kept,
-/// its tokens (`tokens_before` when no step made it smaller) and what was done.
+/// Tightens `Params` step by step, re-running the stages through `rerun` (the request they
+/// leave and its tokens), and keeps the first (least reduced) step that fits. Each step only
+/// reduces more than the one before, so the tightest is tried first (when even it does not
+/// fit, it is the best effort) and the first fitting step is found by bisection: at most
+/// 1 + log2(7) re-runs. Returns the request kept, its tokens (`tokens_before` when no step made
+/// it smaller) and what was done.
 pub fn fit(
     original: &ChatRequest,
     config: &PipelineConfig,
-    counter: &TokenCounter,
     budget: usize,
     tokens_before: usize,
-    rerun: &dyn Fn(&Params) -> ChatRequest,
+    rerun: &dyn Fn(&Params) -> (ChatRequest, usize),
 ) -> (ChatRequest, usize, BudgetDetails) {
     let attempt = |steps: usize| {
         let mut params = Params::from_config(config);
         for (_, tighten) in &STEPS[..steps] {
             tighten(&mut params, config);
         }
-        let candidate = rerun(&params);
-        let tokens = counter.request(&candidate);
-        (candidate, tokens)
+        rerun(&params)
     };
     let mut best = (STEPS.len(), attempt(STEPS.len()));
     if best.1.1 <= budget {

@@ -144,24 +144,23 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let reserve = reminder.map_or(0, |text| counter.text(text) + 2);
     let budget = env.budget.saturating_sub(reserve);
     let params = Params::from_config(config);
-    let (rewritten, mut stages) = run_stages(request, env, &params);
-    let tokens_before = stages
-        .first()
-        .map_or_else(|| counter.request(request), |s| s.tokens_before);
-    let mut tokens_after = counter.request(&rewritten);
+    let tokens_before = counter.request(request);
+    let (rewritten, mut stages, mut tokens_after) =
+        run_stages(request, tokens_before, env, &params);
     let mut best = rewritten;
 
     if config.budget.enabled && tokens_after > budget {
-        let tokens_before = tokens_after;
+        let first_pass = tokens_after;
         let (fitted, fitted_tokens, details) =
-            budget::fit(request, config, counter, budget, tokens_before, &|p| {
-                run_stages(request, env, p).0.into_owned()
+            budget::fit(request, config, budget, first_pass, &|p| {
+                let (rewritten, _, tokens) = run_stages(request, tokens_before, env, p);
+                (rewritten.into_owned(), tokens)
             });
         let report = StageReport {
             stage: StageName::Budget,
-            tokens_before,
+            tokens_before: first_pass,
             tokens_after: fitted_tokens,
-            applied: fitted_tokens < tokens_before,
+            applied: fitted_tokens < first_pass,
             details: details.into(),
         };
         if report.applied {
@@ -274,6 +273,7 @@ pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, 
     let mut snapshots = Vec::new();
     run_stages_into(
         request,
+        env.counter.request(request),
         env,
         &Params::from_config(env.config),
         Some(&mut snapshots),
@@ -281,20 +281,24 @@ pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, 
     snapshots
 }
 
+/// The stages run over `request` (of `tokens` tokens): the request they leave, their reports,
+/// and its tokens.
 fn run_stages<'a>(
     request: &'a ChatRequest,
+    tokens: usize,
     env: &Env<'_>,
     params: &Params,
-) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
-    run_stages_into(request, env, params, None)
+) -> (Cow<'a, ChatRequest>, Vec<StageReport>, usize) {
+    run_stages_into(request, tokens, env, params, None)
 }
 
 fn run_stages_into<'a>(
     request: &'a ChatRequest,
+    mut tokens: usize,
     env: &Env<'_>,
     params: &Params,
     mut snapshots: Option<&mut Vec<(StageName, ChatRequest)>>,
-) -> (Cow<'a, ChatRequest>, Vec<StageReport>) {
+) -> (Cow<'a, ChatRequest>, Vec<StageReport>, usize) {
     let (config, counter) = (env.config, env.counter);
     let cx = StageCx {
         config,
@@ -307,7 +311,6 @@ fn run_stages_into<'a>(
     let tool_tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice));
     let mut current = Cow::Borrowed(request);
     let mut tools = tool_tokens(request);
-    let mut tokens = counter.messages(&request.messages) + tools;
     let mut reports = Vec::new();
     for stage in stages() {
         if !stage.enabled(config) {
@@ -369,10 +372,11 @@ fn run_stages_into<'a>(
                     report.tokens_after += added;
                 }
             }
+            tokens += added;
             current = Cow::Owned(owned);
         }
     }
-    (current, reports)
+    (current, reports, tokens)
 }
 
 /// The request offers `ctxproxy_recall` when a result names a handle, and, so that the block
