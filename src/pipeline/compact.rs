@@ -115,12 +115,11 @@ impl Stage for CompactStage {
                 let start = stub_start(call, &text, max_tokens, cx.counter, cx.memo);
                 let stub = match &*start {
                     StubStart::Whole(stub) => Arc::from(stub.as_str()),
-                    StubStart::TooLong { label, tree, held } => {
+                    StubStart::TooLong { label, read, held } => {
                         let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
                         cx.memo.text(key, || {
                             let task = TaskWords::of(before, call);
-                            let tree = tree.as_ref();
-                            cut_stub(label, tree, held, max_tokens, &task, cx.counter)
+                            cut_stub(label, read.tree(), held, max_tokens, &task, cx.counter)
                         })
                     }
                 };
@@ -210,7 +209,9 @@ pub(super) fn working_set_result(
         compact.max_string_chars,
         counter.encoding(),
     ));
-    let kept = memo.value(key, || WorkingSetForm(lossless(text, config, counter)));
+    let kept = memo.value(key, || {
+        WorkingSetForm(lossless(text, config, counter, memo))
+    });
     kept.0.clone()
 }
 
@@ -237,17 +238,64 @@ fn cut_result(
         let mut keep: HashSet<&str> = compact.keep_fields.iter().map(String::as_str).collect();
         keep.extend(extra.into_iter().flatten().map(String::as_str));
         // What is under an envelope is compacted, not the envelope's one long string.
-        match payload::read(text) {
-            Payload::Tree(value) => CutForm(
-                compact_json_to_fit(&value, &keep, max_tokens, cx.params, cx.counter),
+        match &*read_result(text, cx.memo) {
+            Read::Tree(value) => CutForm(
+                compact_json_to_fit(value, &keep, max_tokens, cx.params, cx.counter),
                 Form::Json,
             ),
-            Payload::Text(inner) => CutForm(
-                compact_text(&inner, max_tokens, MAX_OMITTED_IDS, cx.counter),
+            Read::Text(inner) => CutForm(
+                compact_text(
+                    inner.as_deref().unwrap_or(text),
+                    max_tokens,
+                    MAX_OMITTED_IDS,
+                    cx.counter,
+                ),
                 Form::Text,
             ),
         }
     })
+}
+
+/// A result's content as `payload::read` finds it under its envelopes, kept for every form
+/// made of it (stub, cuts, working-set form): a tree, or a text (`None`: the result itself).
+enum Read {
+    Tree(Value),
+    Text(Option<String>),
+}
+
+impl Read {
+    fn tree(&self) -> Option<&Value> {
+        match self {
+            Read::Tree(value) => Some(value),
+            Read::Text(_) => None,
+        }
+    }
+
+    fn of(text: &str) -> Read {
+        match payload::read(text) {
+            Payload::Tree(value) => Read::Tree(value),
+            Payload::Text(std::borrow::Cow::Borrowed(_)) => Read::Text(None),
+            Payload::Text(std::borrow::Cow::Owned(inner)) => Read::Text(Some(inner)),
+        }
+    }
+}
+
+impl crate::bounded::Weigh for Read {
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Read::Tree(value) => value.heap_bytes(),
+            Read::Text(inner) => inner.as_ref().map_or(0, String::capacity),
+        }
+    }
+}
+
+/// Seed of the memo keys of read results.
+const READ_SEED: u64 = 0x7265_6164_0000_0001;
+
+/// `Read::of`, memoized by the result's text.
+fn read_result(text: &str, memo: &Memo) -> Arc<Read> {
+    let key = FixedState::with_seed(READ_SEED).hash_one(text);
+    memo.value(key, || Read::of(text))
 }
 
 /// Seed of the memo keys of cut results.
@@ -275,20 +323,30 @@ impl crate::bounded::Weigh for WorkingSetForm {
     }
 }
 
-fn lossless(text: &str, config: &PipelineConfig, counter: &TokenCounter) -> Option<(String, Form)> {
+fn lossless(
+    text: &str,
+    config: &PipelineConfig,
+    counter: &TokenCounter,
+    memo: &Memo,
+) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
         return minified(text).map(|json| (json, Form::Json));
     }
-    let (compacted, form) = match payload::read(text) {
-        Payload::Tree(value) => {
+    let (compacted, form) = match &*read_result(text, memo) {
+        Read::Tree(value) => {
             let rules = Rules::lossless(config.compact.max_string_chars);
-            let compacted = tabulated(compact_value(&value, &rules));
+            let compacted = tabulated(compact_value(value, &rules));
             let json = serde_json::to_string(&compacted).unwrap_or_default();
             (json, Form::Json)
         }
-        Payload::Text(inner) => (
-            compact_text(&inner, max_tokens, usize::MAX, counter),
+        Read::Text(inner) => (
+            compact_text(
+                inner.as_deref().unwrap_or(text),
+                max_tokens,
+                usize::MAX,
+                counter,
+            ),
             Form::Text,
         ),
     };
@@ -470,10 +528,10 @@ fn stub(
     task: &TaskWords<'_>,
     counter: &TokenCounter,
 ) -> String {
-    match start_of_stub(call, text, max_tokens, counter) {
+    match start_of_stub(call, text, &Arc::new(Read::of(text)), max_tokens, counter) {
         StubStart::Whole(stub) => stub,
-        StubStart::TooLong { label, tree, held } => {
-            cut_stub(&label, tree.as_ref(), &held, max_tokens, task, counter)
+        StubStart::TooLong { label, read, held } => {
+            cut_stub(&label, read.tree(), &held, max_tokens, task, counter)
         }
     }
 }
@@ -482,11 +540,11 @@ fn stub(
 enum StubStart {
     /// The whole stub, within `max_tokens`.
     Whole(String),
-    /// Over `max_tokens`: the call's label, what the result held, and its tree when it is
-    /// one, for the task's words to cut.
+    /// Over `max_tokens`: the call's label, what the result held, and the result read (its
+    /// tree, when it is one, is what the task's words cut).
     TooLong {
         label: String,
-        tree: Option<Value>,
+        read: Arc<Read>,
         held: String,
     },
 }
@@ -495,8 +553,9 @@ impl crate::bounded::Weigh for StubStart {
     fn heap_bytes(&self) -> usize {
         match self {
             StubStart::Whole(stub) => stub.capacity(),
-            StubStart::TooLong { label, tree, held } => {
-                label.capacity() + held.capacity() + tree.as_ref().map_or(0, Value::heap_bytes)
+            // The result read too: it stays while this does, memoized on its own or not.
+            StubStart::TooLong { label, read, held } => {
+                label.capacity() + held.capacity() + read.heap_bytes()
             }
         }
     }
@@ -519,7 +578,9 @@ fn stub_start(
         max_tokens,
         counter.encoding(),
     ));
-    memo.value(key, || start_of_stub(call, text, max_tokens, counter))
+    memo.value(key, || {
+        start_of_stub(call, text, &read_result(text, memo), max_tokens, counter)
+    })
 }
 
 /// What every cut stub of a call's result starts with.
@@ -553,6 +614,7 @@ fn cut_stub(
 fn start_of_stub(
     call: Option<&ToolCall>,
     text: &str,
+    read: &Arc<Read>,
     max_tokens: usize,
     counter: &TokenCounter,
 ) -> StubStart {
@@ -560,12 +622,11 @@ fn start_of_stub(
         || "Previous".to_owned(),
         |c| call_label(&c.function.name, &c.function.arguments),
     );
-    let content = payload::read(text);
-    let held = match &content {
-        Payload::Tree(value) => render_labelled_once(value, &|_| false),
-        Payload::Text(inner) => {
+    let held = match &**read {
+        Read::Tree(value) => render_labelled_once(value, &|_| false),
+        Read::Text(inner) => {
             let mut seen = HashSet::new();
-            identifiers(inner)
+            identifiers(inner.as_deref().unwrap_or(text))
                 .into_iter()
                 .filter(|id| !id.contains("://") && seen.insert(id.clone()))
                 .collect::<Vec<_>>()
@@ -574,9 +635,9 @@ fn start_of_stub(
     };
     if held.is_empty() {
         // No identifier: the first line with words or digits (pretty JSON starts with `{`).
-        let said = match &content {
-            Payload::Text(inner) => inner,
-            Payload::Tree(_) => text,
+        let said = match &**read {
+            Read::Text(inner) => inner.as_deref().unwrap_or(text),
+            Read::Tree(_) => text,
         };
         let first_line = said
             .lines()
@@ -594,7 +655,7 @@ fn start_of_stub(
     }
     StubStart::TooLong {
         label,
-        tree: content.into_tree(),
+        read: Arc::clone(read),
         held,
     }
 }
