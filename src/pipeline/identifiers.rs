@@ -28,15 +28,27 @@ pub fn is_identifier_value(value: &str) -> bool {
     if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
         return false;
     }
-    let words = value.split_whitespace().count();
+    // What the rules read, in one pass.
+    let (mut words, mut digits, mut letters) = (0, 0, 0);
+    let (mut at, mut space, mut in_word) = (false, false, false);
+    for c in value.chars() {
+        if c.is_whitespace() {
+            space = true;
+            in_word = false;
+        } else if !in_word {
+            words += 1;
+            in_word = true;
+        }
+        digits += usize::from(c.is_ascii_digit());
+        letters += usize::from(c.is_alphabetic());
+        at |= c == '@';
+    }
     if words > MAX_IDENTIFIER_WORDS {
         return false;
     }
-    if value.contains('@') && !value.contains(char::is_whitespace) {
+    if at && !space {
         return true;
     }
-    let digits = value.chars().filter(char::is_ascii_digit).count();
-    let letters = value.chars().filter(|c| c.is_alphabetic()).count();
     if digits > 0 {
         // Codes and dates mix letters and digits; amounts, zips and times are digits.
         return (letters > 0 && chars >= 3) || digits >= 2 || value.contains('.');
@@ -49,15 +61,17 @@ pub fn is_identifier_value(value: &str) -> bool {
 
 /// A proper name: one to four capitalized words ("Action Camera", "Daiki", "USA").
 fn is_name(value: &str) -> bool {
-    let words: Vec<&str> = value.split_whitespace().collect();
-    !words.is_empty()
-        && words.len() <= 4
-        && value.chars().count() >= 2
-        && words.iter().all(|w| {
-            let mut chars = w.chars();
-            chars.next().is_some_and(char::is_uppercase)
-                && chars.all(|c| c.is_alphabetic() || matches!(c, '-' | '\'' | '.'))
-        })
+    let mut words = 0;
+    for word in value.split_whitespace() {
+        words += 1;
+        let mut chars = word.chars();
+        let capitalized = chars.next().is_some_and(char::is_uppercase)
+            && chars.all(|c| c.is_alphabetic() || matches!(c, '-' | '\'' | '.'));
+        if words > 4 || !capitalized {
+            return false;
+        }
+    }
+    words > 0 && value.chars().count() >= 2
 }
 
 /// An identifier that names one thing (a code, an id, an email), as opposed to an amount, a
@@ -73,12 +87,14 @@ pub fn is_strong_identifier(value: &str) -> bool {
 
 /// The text of a scalar JSON value, when it is an identifier.
 pub fn scalar_identifier(value: &Value) -> Option<String> {
-    let text = match value {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => return None,
-    };
-    is_identifier_value(&text).then_some(text)
+    match value {
+        Value::String(s) => is_identifier_value(s).then(|| s.clone()),
+        Value::Number(n) => {
+            let text = n.to_string();
+            is_identifier_value(&text).then_some(text)
+        }
+        _ => None,
+    }
 }
 
 /// Every identifier leaf of a JSON value, in document order, with repeats.
@@ -282,6 +298,62 @@ pub fn call_label(name: &str, arguments: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The rules as first written, one pass per rule: what the one-pass version must answer.
+    fn is_identifier_value_by_each_rule(value: &str) -> bool {
+        let value = value.trim();
+        let chars = value.chars().count();
+        if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
+            return false;
+        }
+        if value.split_whitespace().count() > MAX_IDENTIFIER_WORDS {
+            return false;
+        }
+        if value.contains('@') && !value.contains(char::is_whitespace) {
+            return true;
+        }
+        let digits = value.chars().filter(char::is_ascii_digit).count();
+        let letters = value.chars().filter(|c| c.is_alphabetic()).count();
+        if digits > 0 {
+            return (letters > 0 && chars >= 3) || digits >= 2 || value.contains('.');
+        }
+        if value.starts_with('#') && chars >= 3 {
+            return true;
+        }
+        let code_name = value.len() >= 4
+            && value.len() <= 64
+            && value.starts_with(|c: char| c.is_ascii_alphabetic())
+            && value.split('_').count() >= 2
+            && value
+                .split('_')
+                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()));
+        let words: Vec<&str> = value.split_whitespace().collect();
+        let name = !words.is_empty()
+            && words.len() <= 4
+            && value.chars().count() >= 2
+            && words.iter().all(|w| {
+                let mut chars = w.chars();
+                chars.next().is_some_and(char::is_uppercase)
+                    && chars.all(|c| c.is_alphabetic() || matches!(c, '-' | '\'' | '.'))
+            });
+        code_name || name
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+        /// The one-pass rules answer as the rules one by one, on values over letters of both
+        /// cases, digits, the characters the rules name, white space (also not ASCII) and
+        /// letters and digits that are not ASCII.
+        #[test]
+        fn one_pass_agrees_with_each_rule(
+            value in "[aZqR0-9@#_:/.' \téÜ\u{a0}\u{2028}\u{663}-]{0,90}",
+        ) {
+            proptest::prop_assert_eq!(
+                is_identifier_value(&value),
+                is_identifier_value_by_each_rule(&value)
+            );
+        }
+    }
 
     #[test]
     fn identifiers_by_the_definition() {

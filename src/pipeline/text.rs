@@ -161,10 +161,10 @@ pub fn is_code_name(token: &str) -> bool {
     token.len() >= 4
         && token.len() <= 64
         && token.starts_with(|c: char| c.is_ascii_alphabetic())
-        && token.split('_').count() >= 2
+        && token.contains('_')
         && token
             .split('_')
-            .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()))
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 /// The first sentence of a text (up to `.`, `!`, `?` or a newline), at most `max_words` words.
