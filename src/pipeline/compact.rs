@@ -113,23 +113,25 @@ impl Stage for CompactStage {
                 let before = &request.messages[..index];
                 // What the user asked plays a part only when the stub must be cut.
                 let start = stub_start(call, &text, max_tokens, cx.counter, cx.memo);
-                let stub = match &*start {
-                    StubStart::Whole(stub) => Arc::from(stub.as_str()),
+                let cut;
+                let stub: &str = match &*start {
+                    StubStart::Whole(stub) => stub,
                     StubStart::TooLong { label, read, held } => {
                         let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
-                        cx.memo.text(key, || {
+                        cut = cx.memo.text(key, || {
                             let task = TaskWords::of(before, call);
                             cut_stub(label, read.tree(), held, max_tokens, &task, cx.counter)
-                        })
+                        });
+                        &cut
                     }
                 };
                 let stub = if recall {
                     let handle = recall::handle_of(&text);
-                    let stub = with_handle(&stub, &handle);
+                    let stub = with_handle(stub, &handle);
                     handles.push(handle);
                     stub
                 } else {
-                    stub.to_string()
+                    stub.to_owned()
                 };
                 if stub.len() < text.len() {
                     replace(index, stub);
