@@ -26,9 +26,10 @@ async fn proxy(mock: &Mock) -> Proxy {
     start_proxy_with_env(&config(mock), Vec::new()).await
 }
 
-/// One query's result: a table of rows, large enough to be cleared once old.
+/// One query's result: a table of rows, large enough that clearing the old ones pays for the
+/// prefix it breaks (`clear_at_least_tokens`).
 fn result(step: usize) -> String {
-    let rows: Vec<Value> = (0..12)
+    let rows: Vec<Value> = (0..24)
         .map(|row| {
             json!({"region": format!("R{step}-{row:02}"), "revenue": 1000 + step * 100 + row,
                 "note": "Figures are net of returns and include every channel of the quarter."})

@@ -9,7 +9,8 @@
 //! (a recompaction) when it is smaller by at least `clear_at_least_tokens`, when it sends other
 //! tools or starts the reminder, or when appending would go over the budget that the whole
 //! rewrite fits; otherwise the appended form is sent, so the prompt sent before is a prefix of
-//! this one, byte for byte.
+//! this one, byte for byte. Where the client's tools are sent as they are, the recall tool alone
+//! is not another block: it comes with what a rebuild clears, and appending clears nothing.
 //!
 //! The decisions are a function of the history and the request's settings, so any replica
 //! reaches them; each point's decision is memoized, and a state remembered in the store is a
@@ -114,6 +115,9 @@ struct Whole {
     /// The names of the tools, in order: the same names with other definitions are a tool
     /// promoted in place (a strict tool the conversation needed), not another block.
     tool_names: u64,
+    /// The same without the recall tool: what is compared where the client's block is sent
+    /// as it is.
+    names_but_recall: u64,
     reminder: bool,
     fits: bool,
 }
@@ -129,7 +133,7 @@ const MAX_REPLAY: usize = 256;
 
 /// Seeds of the memo keys and digests of this module; bump `VERSION` when the decision rule
 /// changes, so that remembered states of an older rule are not resumed from.
-const VERSION: u64 = 3;
+const VERSION: u64 = 4;
 const SETTINGS_SEED: u64 = 0x7072_6566_6978_0001;
 const STATE_SEED: u64 = 0x7072_6566_6978_0002;
 const WHOLE_SEED: u64 = 0x7072_6566_6978_0003;
@@ -231,9 +235,11 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     } else {
         let anchored = rewrite_at(request, &points, anchor, env);
         let mut rewrite = appended(&anchored, request, points[anchor].len, env);
+        // Where the client's block is sent as it is, the two differ by the recall tool at
+        // most, and the anchor's block is the one its messages need.
         if let Some(whole) = whole
             .get()
-            .filter(|w| w.request.tools != anchored.request.tools)
+            .filter(|w| !cx.tools_fixed && w.request.tools != anchored.request.tools)
         {
             let tokens = |r: &ChatRequest| {
                 env.counter
@@ -321,8 +327,16 @@ impl Decide<'_> {
         }
         let whole = whole_k();
         // A tool promoted in place (the re-ask of a strict stub did it already) is appended
-        // to, with the whole rewrite's tools; another block is rebuilt.
-        if whole.tool_names != anchored.tool_names {
+        // to, with the whole rewrite's tools; another block is rebuilt. The recall tool
+        // joining the client's own block is not another block (see the module doc).
+        let names = |w: &Whole| {
+            if self.tools_fixed {
+                w.names_but_recall
+            } else {
+                w.tool_names
+            }
+        };
+        if names(&whole) != names(&anchored) {
             return Some(Rebuilt::ToolsChanged);
         }
         if whole.reminder && !anchored.reminder {
@@ -492,10 +506,17 @@ fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) ->
 
 fn summary(rewrite: &Rewrite) -> Whole {
     let tools = serde_json::to_string(&rewrite.request.tools).unwrap_or_default();
+    let names = rewrite.request.tool_names();
     Whole {
         tokens: rewrite.report.tokens_after,
         tools: FixedState::with_seed(WHOLE_SEED).hash_one(tools),
-        tool_names: FixedState::with_seed(WHOLE_SEED).hash_one(rewrite.request.tool_names()),
+        tool_names: FixedState::with_seed(WHOLE_SEED).hash_one(&names),
+        names_but_recall: FixedState::with_seed(WHOLE_SEED).hash_one(
+            names
+                .iter()
+                .filter(|n| **n != recall::TOOL_NAME)
+                .collect::<Vec<_>>(),
+        ),
         reminder: rewrite
             .report
             .stages
@@ -596,10 +617,14 @@ mod tests {
 
     /// The requests of a synthetic conversation, in order, as its client sent them.
     fn requests(turns: usize) -> Vec<ChatRequest> {
-        let full = synthetic::conversation(turns).unwrap();
+        requests_of(&synthetic::conversation(turns).unwrap())
+    }
+
+    /// The requests whose last is `full`, in order, as its client sent them.
+    fn requests_of(full: &ChatRequest) -> Vec<ChatRequest> {
         points(&full.messages, 0)
             .into_iter()
-            .map(|point| request_at(&full, point))
+            .map(|point| request_at(full, point))
             .collect()
     }
 
@@ -728,8 +753,16 @@ mod tests {
             after_messages: usize::MAX,
             text: "unused".into(),
         };
-        let requests = requests(40);
-        for budget in [2_000, 4_000, 1_000_000] {
+        // An agent's small block is sent as it is, and the recall tool joins it.
+        let agent = requests_of(&synthetic::autonomous_agent(30).unwrap());
+        for (requests, budget) in [
+            (requests(40), 2_000),
+            (requests(40), 4_000),
+            (requests(40), 1_000_000),
+            (agent.clone(), 2_000),
+            (agent.clone(), 4_000),
+            (agent, 1_000_000),
+        ] {
             let config = PipelineConfig::default();
             let counter = TokenCounter::new(Encoding::O200kBase);
             let (fast, slow) = (Memo::default(), Memo::default());
@@ -754,6 +787,30 @@ mod tests {
                 assert_eq!(rebuilt(&shortcut), rebuilt(&full));
             }
         }
+    }
+
+    #[test]
+    fn the_recall_tool_joins_a_clients_block_only_with_a_rebuild() {
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let mut previous: Option<ChatRequest> = None;
+        let mut offered = 0;
+        for request in requests_of(&synthetic::autonomous_agent(30).unwrap()) {
+            let rewrite = run(&request, &env(&config, &counter, &memo, None));
+            let prefix = rewrite.report.prefix.clone().unwrap();
+            assert_ne!(prefix.rebuilt, Some(Rebuilt::ToolsChanged));
+            if let (None, Some(before)) = (prefix.rebuilt, &previous) {
+                // Appended: the block sent before, byte for byte, whatever a rebuild would send.
+                assert_eq!(rewrite.request.tools, before.tools);
+                assert!(rewrite.request.messages.starts_with(&before.messages));
+            }
+            if rewrite.request.tool_names().contains(&recall::TOOL_NAME) {
+                offered += 1;
+            }
+            previous = Some(rewrite.request);
+        }
+        assert!(offered > 0, "no rewrite cleared a result");
     }
 
     #[test]
