@@ -817,11 +817,16 @@ fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
                 .filter(|item| !(ids_only && is_empty(item)))
                 .collect();
             if total > rules.list_cap {
-                let mut omitted = Vec::new();
+                let mut distinct = Distinct::new(MAX_OMITTED_IDS);
+                let mut ids = Vec::new();
                 for item in &items[rules.list_cap..] {
-                    json_identifiers(item, &mut omitted);
+                    if distinct.is_full() {
+                        break;
+                    }
+                    json_identifiers(item, &mut ids);
+                    ids.drain(..).for_each(|id| distinct.offer(id));
                 }
-                let omitted = distinct(omitted, MAX_OMITTED_IDS);
+                let omitted = distinct.kept;
                 let mut marker = format!("(showing {} of {total}", rules.list_cap);
                 if !omitted.is_empty() {
                     marker.push_str(&format!(
@@ -947,23 +952,53 @@ fn distinct_identifiers(text: &str, max: usize) -> Vec<String> {
 
 /// At most `max` of `ids`, two of each shape, first seen first.
 fn distinct(ids: Vec<String>, max: usize) -> Vec<String> {
-    let mut shapes: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    let mut seen = HashSet::new();
-    ids.into_iter()
-        .filter(|id| {
-            if !seen.insert(id.clone()) {
-                return false;
-            }
-            let shape: String = id
-                .chars()
-                .map(|c| if c.is_ascii_digit() { '#' } else { c })
-                .collect();
-            let count = shapes.entry(shape).or_insert(0);
-            *count += 1;
-            *count <= 2
-        })
-        .take(max)
-        .collect()
+    let mut distinct = Distinct::new(max);
+    for id in ids {
+        if distinct.is_full() {
+            break;
+        }
+        distinct.offer(id);
+    }
+    distinct.kept
+}
+
+/// Identifiers offered one by one, kept as `distinct` keeps them: a caller that reads them from
+/// a large value stops once it is full.
+struct Distinct {
+    max: usize,
+    seen: HashSet<String>,
+    shapes: std::collections::HashMap<String, usize>,
+    kept: Vec<String>,
+}
+
+impl Distinct {
+    fn new(max: usize) -> Distinct {
+        Distinct {
+            max,
+            seen: HashSet::new(),
+            shapes: std::collections::HashMap::new(),
+            kept: Vec::new(),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.kept.len() >= self.max
+    }
+
+    fn offer(&mut self, id: String) {
+        if self.is_full() || !self.seen.insert(id.clone()) {
+            return;
+        }
+        let shape: String = id
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .collect();
+        let count = self.shapes.entry(shape).or_insert(0);
+        *count += 1;
+        if *count <= 2 {
+            self.kept.push(id);
+        }
+    }
 }
 
 #[cfg(test)]

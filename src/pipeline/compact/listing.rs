@@ -97,23 +97,24 @@ fn collect_shares(value: &Value, task: &TaskWords<'_>, out: &mut Vec<f64>) {
 }
 
 fn kept(value: &Value, task: &TaskWords<'_>, min_share: f64) -> Value {
+    // A copy cut in place: cloning a map copies its table, collecting one hashes every key.
+    let mut kept = value.clone();
+    cut_listings(&mut kept, task, min_share);
+    kept
+}
+
+fn cut_listings(value: &mut Value, task: &TaskWords<'_>, min_share: f64) {
     match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.clone(), kept(v, task, min_share)))
-                .collect(),
-        ),
-        Value::Array(items) if is_listing(items) => Value::Array(
-            items
-                .iter()
-                .filter(|item| item.as_str().is_some_and(|n| task.share(n) >= min_share))
-                .cloned()
-                .collect(),
-        ),
-        Value::Array(items) => {
-            Value::Array(items.iter().map(|v| kept(v, task, min_share)).collect())
+        Value::Object(map) => map
+            .values_mut()
+            .for_each(|v| cut_listings(v, task, min_share)),
+        Value::Array(items) if is_listing(items) => {
+            items.retain(|item| item.as_str().is_some_and(|n| task.share(n) >= min_share));
         }
-        scalar => scalar.clone(),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| cut_listings(v, task, min_share)),
+        _ => {}
     }
 }
 

@@ -14,8 +14,12 @@ const MIN_TABLE_ROWS: usize = 3;
 /// `null` in that row; lists whose items share less than half their fields stay lists.
 pub(super) fn tabulated(value: Value) -> Value {
     match value {
-        Value::Object(map) => {
-            Value::Object(map.into_iter().map(|(k, v)| (k, tabulated(v))).collect())
+        Value::Object(mut map) => {
+            // In place: collecting into a new map would hash every key again.
+            for field in map.values_mut() {
+                *field = tabulated(std::mem::take(field));
+            }
+            Value::Object(map)
         }
         Value::Array(items) => {
             let items: Vec<Value> = items.into_iter().map(tabulated).collect();
