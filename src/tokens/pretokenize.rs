@@ -72,14 +72,24 @@ pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&str)
         ascii_pieces(encoding, text, &mut each);
         return;
     }
-    // Lines that are all ASCII are split by hand, the others by the regex.
+    // Lines that are all ASCII are split by hand; the others word by word, the words that are
+    // all ASCII by hand and the rest by the regex.
     let mut start = 0;
     for end in piece_boundaries_after_line_breaks(text).chain([text.len()]) {
-        let chunk = &text[start..end];
-        if chunk.is_ascii() {
-            ascii_pieces(encoding, chunk, &mut each);
+        let line = &text[start..end];
+        if line.is_ascii() {
+            ascii_pieces(encoding, line, &mut each);
         } else {
-            regex_pieces(encoding, chunk, &mut each);
+            let mut from = 0;
+            for to in piece_boundaries_at_spaces(line).chain([line.len()]) {
+                let word = &line[from..to];
+                if word.is_ascii() {
+                    ascii_pieces(encoding, word, &mut each);
+                } else {
+                    regex_pieces(encoding, word, &mut each);
+                }
+                from = to;
+            }
         }
         start = end;
     }
@@ -111,6 +121,18 @@ fn piece_boundaries_after_line_breaks(text: &str) -> impl Iterator<Item = usize>
                 Some(_) => true,
             }
         })
+}
+
+/// Positions of a space that follows a character other than white space, where both encodings
+/// always start a piece: no pattern takes a space but as its first character or within white
+/// space, so the piece before ends there, and a piece that starts there reads nothing before it.
+fn piece_boundaries_at_spaces(text: &str) -> impl Iterator<Item = usize> + '_ {
+    memchr::memchr_iter(b' ', text.as_bytes()).filter(move |&at| {
+        text[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| !c.is_whitespace())
+    })
 }
 
 /// The end of the piece of ASCII `text` that starts at `at` (`at < text.len()`): the first
@@ -337,6 +359,7 @@ mod tests {
             "x\r\n\u{a0}\n\u{a0}y ü\n\t\u{2028}z",
             "ß\n\n\n",
             "\n日本\n \u{1F600}",
+            "Zoë's  café — naïve 'quote' x\u{a0} y 東京 tower  \u{1F600} !? ÜBER  ",
         ];
         assert_splits_as_the_regex(&texts, by_lines);
     }
