@@ -84,12 +84,10 @@ impl Stage for CompactStage {
         let mut handles = Vec::new();
         // What the user asked before each result, hashed as the results are met in order.
         let mut asked = AskedSoFar::default();
-        // Copied on the first change.
-        let mut messages: Option<Vec<Message>> = None;
-        let mut replace = |index: usize, text: String| {
-            let messages = messages.get_or_insert_with(|| request.messages.clone());
-            set_text(&mut messages[index], text);
-        };
+        // The new texts by index, in order; the messages are copied once, at the end, without
+        // the texts they replace.
+        let mut replaced: Vec<(usize, String)> = Vec::new();
+        let mut replace = |index: usize, text: String| replaced.push((index, text));
         for (n, &index) in results.iter().enumerate() {
             let call = call_of(&request.messages, index);
             let message = &request.messages[index];
@@ -174,6 +172,20 @@ impl Stage for CompactStage {
                 replace(index, compacted);
             }
         }
+        let messages = (!replaced.is_empty()).then(|| {
+            let mut replaced = replaced.into_iter().peekable();
+            request
+                .messages
+                .iter()
+                .enumerate()
+                .map(
+                    |(index, message)| match replaced.next_if(|(at, _)| *at == index) {
+                        Some((_, text)) => with_text(message, text),
+                        None => message.clone(),
+                    },
+                )
+                .collect()
+        });
         StageOutput {
             messages,
             tools: None,
@@ -398,9 +410,7 @@ pub(super) fn appended(
     }
     let text = message.content.get().map(|c| c.text())?;
     let (compacted, _) = working_set_result(&text, config, counter, memo)?;
-    let mut message = message.clone();
-    set_text(&mut message, compacted);
-    Some(message)
+    Some(with_text(message, compacted))
 }
 
 /// A tool result with only the whitespace between its JSON tokens taken out (byte for byte
@@ -413,14 +423,19 @@ pub(super) fn minified_result(message: &Message) -> Option<Message> {
     let Nullable::Value(Content::Text(text)) = &message.content else {
         return None;
     };
-    let minified = minified(text)?;
-    let mut message = message.clone();
-    set_text(&mut message, minified);
-    Some(message)
+    Some(with_text(message, minified(text)?))
 }
 
-fn set_text(message: &mut Message, text: String) {
-    message.content = Nullable::Value(Content::Text(text));
+/// A copy of `message` with `text` as its content, its old content not copied.
+fn with_text(message: &Message, text: String) -> Message {
+    Message {
+        role: message.role.clone(),
+        content: Nullable::Value(Content::Text(text)),
+        name: message.name.clone(),
+        tool_calls: message.tool_calls.clone(),
+        tool_call_id: message.tool_call_id.clone(),
+        extra: message.extra.clone(),
+    }
 }
 
 /// The tool call that the result at `index` answers.
