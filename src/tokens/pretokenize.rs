@@ -74,25 +74,32 @@ pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&str)
     }
     // Lines that are all ASCII are split by hand; the others word by word, the words that are
     // all ASCII by hand and the rest by the regex.
-    let mut start = 0;
-    for end in piece_boundaries_after_line_breaks(text).chain([text.len()]) {
-        let line = &text[start..end];
+    for line in cut_at(text, piece_boundaries_after_line_breaks(text)) {
         if line.is_ascii() {
             ascii_pieces(encoding, line, &mut each);
-        } else {
-            let mut from = 0;
-            for to in piece_boundaries_at_spaces(line).chain([line.len()]) {
-                let word = &line[from..to];
-                if word.is_ascii() {
-                    ascii_pieces(encoding, word, &mut each);
-                } else {
-                    regex_pieces(encoding, word, &mut each);
-                }
-                from = to;
+            continue;
+        }
+        for word in cut_at(line, piece_boundaries_at_spaces(line)) {
+            if word.is_ascii() {
+                ascii_pieces(encoding, word, &mut each);
+            } else {
+                regex_pieces(encoding, word, &mut each);
             }
         }
-        start = end;
     }
+}
+
+/// `text` cut at `boundaries` (increasing positions inside it).
+fn cut_at<'t>(
+    text: &'t str,
+    boundaries: impl Iterator<Item = usize> + 't,
+) -> impl Iterator<Item = &'t str> + 't {
+    let mut start = 0;
+    boundaries.chain([text.len()]).map(move |end| {
+        let chunk = &text[start..end];
+        start = end;
+        chunk
+    })
 }
 
 fn ascii_pieces(encoding: Encoding, text: &str, each: &mut impl FnMut(&str)) {
