@@ -399,6 +399,35 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The replay's floor shortcut (`prefix.rs`) only saves work: replayed request by request,
+    /// every rewrite and every reason to rebuild are those of a replay that makes each point's
+    /// whole rewrite (a reinforcement reminder that never starts turns the shortcut off).
+    #[test]
+    fn the_floor_shortcut_never_changes_a_decision(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let config = PipelineConfig::default();
+        let never = ctxproxy::guards::ReinforcementConfig {
+            enabled: true,
+            after_messages: usize::MAX,
+            text: "unused".into(),
+        };
+        let (fast, slow) = (pipeline::Memo::default(), pipeline::Memo::default());
+        for earlier in earlier_requests(&request) {
+            let shortcut = pipeline::run(&earlier, &env(&config, &counter, &fast, budget));
+            let full = pipeline::run(&earlier, &pipeline::Env {
+                reinforcement: Some(&never),
+                ..env(&config, &counter, &slow, budget)
+            });
+            prop_assert_eq!(&shortcut.request, &full.request);
+            let rebuilt = |r: &pipeline::Rewrite| r.report.prefix.as_ref().and_then(|p| p.rebuilt);
+            prop_assert_eq!(rebuilt(&shortcut), rebuilt(&full));
+        }
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Every tool the client sent is in the rewrite, in full or as a stub, in the client's

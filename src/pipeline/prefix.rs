@@ -9,8 +9,9 @@
 //! (a recompaction) when it is smaller by at least `clear_at_least_tokens`, when it sends other
 //! tools or starts the reminder, or when appending would go over the budget that the whole
 //! rewrite fits; otherwise the appended form is sent, so the prompt sent before is a prefix of
-//! this one, byte for byte. Where the client's tools are sent as they are, the recall tool alone
-//! is not another block: it comes with what a rebuild clears, and appending clears nothing.
+//! this one, byte for byte. Where the tools stage sends the client's tools as they are whatever
+//! the messages say (a small block, filtering off, a demanded call), the recall tool alone is not
+//! another block: it comes with what a rebuild clears, and appending clears nothing.
 //!
 //! The decisions are a function of the history and the request's settings, so any replica
 //! reaches them; each point's decision is memoized, and a state remembered in the store is a
