@@ -386,7 +386,8 @@ fn offers_recall(reports: &[StageReport], config: &PipelineConfig) -> bool {
         return false;
     }
     reports.iter().any(|r| match &r.details {
-        StageDetails::Compact(details) => !details.handles.is_empty(),
+        // Handles of a compaction whose messages were not kept (not fewer tokens) name nothing.
+        StageDetails::Compact(details) => r.applied && !details.handles.is_empty(),
         StageDetails::Tools(_) => r.applied,
         _ => false,
     })
