@@ -10,6 +10,7 @@ mod response;
 mod schema;
 pub mod sse;
 mod stream;
+mod with_extra;
 
 pub use error::{ErrorBody, ErrorObject};
 pub use nullable::Nullable;

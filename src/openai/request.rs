@@ -7,10 +7,11 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
+use super::with_extra::deserialize_with_extra;
 use super::{Extra, Nullable, Schema};
 use crate::error::ProxyError;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
@@ -86,7 +87,7 @@ impl ChatRequest {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StreamOptions {
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
     pub include_usage: Nullable<bool>,
@@ -94,7 +95,7 @@ pub struct StreamOptions {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
     pub role: Role,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
@@ -258,7 +259,7 @@ impl<'de> Deserialize<'de> for Content {
 }
 
 /// One part of an array content: `{"type":"text","text":…}`, `{"type":"image_url",…}`, ….
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -268,7 +269,7 @@ pub struct ContentPart {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCall {
     pub id: String,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
@@ -278,7 +279,7 @@ pub struct ToolCall {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionCall {
     pub name: String,
     /// JSON text, as the model wrote it (not necessarily valid JSON).
@@ -288,7 +289,7 @@ pub struct FunctionCall {
 }
 
 /// A tool definition. Non-function tool types keep their whole body in `extra`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tool {
     #[serde(rename = "type")]
     pub kind: String,
@@ -298,7 +299,7 @@ pub struct Tool {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionDefinition {
     pub name: String,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
@@ -310,3 +311,73 @@ pub struct FunctionDefinition {
     #[serde(flatten)]
     pub extra: Extra,
 }
+
+deserialize_with_extra!(
+    ChatRequest,
+    required {
+        model: "model",
+        messages: "messages"
+    },
+    optional {
+        stream: "stream",
+        stream_options: "stream_options",
+        tools: "tools",
+        tool_choice: "tool_choice",
+        functions: "functions",
+        function_call: "function_call",
+        response_format: "response_format",
+    },
+);
+deserialize_with_extra!(
+    StreamOptions,
+    required {},
+    optional {
+        include_usage: "include_usage"
+    },
+);
+deserialize_with_extra!(
+    Message,
+    required { role: "role" },
+    optional {
+        content: "content",
+        name: "name",
+        tool_calls: "tool_calls",
+        tool_call_id: "tool_call_id",
+    },
+);
+deserialize_with_extra!(
+    ContentPart,
+    required { kind: "type" },
+    optional { text: "text" },
+);
+deserialize_with_extra!(
+    ToolCall,
+    required {
+        id: "id",
+        function: "function"
+    },
+    optional { kind: "type" },
+);
+deserialize_with_extra!(
+    FunctionCall,
+    required {
+        name: "name",
+        arguments: "arguments"
+    },
+    optional {},
+);
+deserialize_with_extra!(
+    Tool,
+    required { kind: "type" },
+    optional {
+        function: "function"
+    },
+);
+deserialize_with_extra!(
+    FunctionDefinition,
+    required { name: "name" },
+    optional {
+        description: "description",
+        parameters: "parameters"
+    },
+);
