@@ -308,15 +308,23 @@ impl Weigh for serde_json::Value {
         match self {
             Value::String(s) => s.capacity(),
             Value::Array(items) => items.heap_bytes(),
-            // An ordered map: its entries, and an index slot each.
-            Value::Object(map) => map
-                .iter()
-                .map(|(k, v)| {
-                    k.capacity() + std::mem::size_of::<(String, Value)>() + 16 + v.heap_bytes()
-                })
-                .sum(),
+            Value::Object(map) => map.heap_bytes(),
             Value::Null | Value::Bool(_) | Value::Number(_) => 0,
         }
+    }
+}
+
+impl Weigh for serde_json::Map<String, serde_json::Value> {
+    /// An ordered map: its entries, and an index slot each.
+    fn heap_bytes(&self) -> usize {
+        self.iter()
+            .map(|(k, v)| {
+                k.capacity()
+                    + std::mem::size_of::<(String, serde_json::Value)>()
+                    + 16
+                    + v.heap_bytes()
+            })
+            .sum()
     }
 }
 

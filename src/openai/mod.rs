@@ -16,7 +16,7 @@ pub use error::{ErrorBody, ErrorObject};
 pub use nullable::Nullable;
 pub use request::{
     ChatRequest, Content, ContentPart, FunctionCall, FunctionDefinition, Message, Role,
-    StreamOptions, Tool, ToolCall,
+    StreamOptions, Tool, ToolBlocks, ToolCall,
 };
 pub use response::{ChatCompletion, Choice, Usage};
 pub use schema::{Schema, hash_json};

@@ -3,11 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-use super::with_extra::deserialize_with_extra;
+use super::with_extra::{self, deserialize_with_extra};
 use super::{Extra, Nullable, Schema};
 use crate::error::ProxyError;
 
@@ -43,6 +44,26 @@ impl ChatRequest {
         if let Ok(chat) = serde_json::from_slice::<ChatRequest>(bytes) {
             return Ok(chat);
         }
+        Self::parse_naming_the_field(bytes)
+    }
+
+    /// [`ChatRequest::parse`], with the tool block read through `blocks`: an application sends
+    /// the same block, byte for byte, on every request, and reading its schemas is most of
+    /// reading a request.
+    pub fn parse_with(bytes: &[u8], blocks: &dyn ToolBlocks) -> Result<ChatRequest, ProxyError> {
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let fast = Fields {
+            blocks: Some(blocks),
+        }
+        .deserialize(&mut deserializer)
+        .and_then(|chat| deserializer.end().map(|()| chat));
+        match fast {
+            Ok(chat) => Ok(chat),
+            Err(_) => Self::parse_naming_the_field(bytes),
+        }
+    }
+
+    fn parse_naming_the_field(bytes: &[u8]) -> Result<ChatRequest, ProxyError> {
         let mut deserializer = serde_json::Deserializer::from_slice(bytes);
         let chat: ChatRequest =
             serde_path_to_error::deserialize(&mut deserializer).map_err(ProxyError::from_json)?;
@@ -84,6 +105,100 @@ impl ChatRequest {
             .get()
             .and_then(|o| o.include_usage.get().copied())
             .unwrap_or(false)
+    }
+}
+
+/// Where a request's tool block is read from when it was read before: blocks kept by their JSON
+/// text (the `tools` array exactly as the client wrote it).
+pub trait ToolBlocks {
+    /// The tools of `json`, a JSON array.
+    fn tools(&self, json: &str) -> Result<Vec<Tool>, serde_json::Error>;
+}
+
+impl<'de> Deserialize<'de> for ChatRequest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Fields { blocks: None }.deserialize(deserializer)
+    }
+}
+
+/// Reads a [`ChatRequest`] as `with_extra` reads the other types; with `blocks`, its `tools`
+/// through them (the input must then be a `serde_json` slice: the block is borrowed raw).
+struct Fields<'b> {
+    blocks: Option<&'b dyn ToolBlocks>,
+}
+
+impl<'de> DeserializeSeed<'de> for Fields<'_> {
+    type Value = ChatRequest;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ChatRequest, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Fields<'_> {
+    type Value = ChatRequest;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("struct ChatRequest")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ChatRequest, A::Error> {
+        fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+            field: &mut Option<T>,
+            key: &'static str,
+            map: &mut A,
+        ) -> Result<(), A::Error> {
+            if field.is_some() {
+                return Err(de::Error::duplicate_field(key));
+            }
+            *field = Some(map.next_value()?);
+            Ok(())
+        }
+        let (mut model, mut messages, mut stream, mut stream_options) = (None, None, None, None);
+        let (mut tools, mut tool_choice, mut functions) = (None, None, None);
+        let (mut function_call, mut response_format) = (None, None);
+        let mut extra = Extra::new();
+        while let Some(key) = map.next_key_seed(with_extra::Key)? {
+            match &*key {
+                "model" => once(&mut model, "model", &mut map)?,
+                "messages" => once(&mut messages, "messages", &mut map)?,
+                "stream" => once(&mut stream, "stream", &mut map)?,
+                "stream_options" => once(&mut stream_options, "stream_options", &mut map)?,
+                "tools" => match self.blocks {
+                    None => once(&mut tools, "tools", &mut map)?,
+                    Some(blocks) => {
+                        if tools.is_some() {
+                            return Err(de::Error::duplicate_field("tools"));
+                        }
+                        let raw: &'de RawValue = map.next_value()?;
+                        tools = Some(match raw.get() {
+                            "null" => Nullable::Null,
+                            json => Nullable::Value(blocks.tools(json).map_err(de::Error::custom)?),
+                        });
+                    }
+                },
+                "tool_choice" => once(&mut tool_choice, "tool_choice", &mut map)?,
+                "functions" => once(&mut functions, "functions", &mut map)?,
+                "function_call" => once(&mut function_call, "function_call", &mut map)?,
+                "response_format" => once(&mut response_format, "response_format", &mut map)?,
+                _ => {
+                    let value = map.next_value()?;
+                    extra.insert(key.into_owned(), value);
+                }
+            }
+        }
+        Ok(ChatRequest {
+            model: model.ok_or_else(|| de::Error::missing_field("model"))?,
+            messages: messages.ok_or_else(|| de::Error::missing_field("messages"))?,
+            stream: stream.unwrap_or_default(),
+            stream_options: stream_options.unwrap_or_default(),
+            tools: tools.unwrap_or_default(),
+            tool_choice: tool_choice.unwrap_or_default(),
+            functions: functions.unwrap_or_default(),
+            function_call: function_call.unwrap_or_default(),
+            response_format: response_format.unwrap_or_default(),
+            extra,
+        })
     }
 }
 
@@ -312,22 +427,6 @@ pub struct FunctionDefinition {
     pub extra: Extra,
 }
 
-deserialize_with_extra!(
-    ChatRequest,
-    required {
-        model: "model",
-        messages: "messages"
-    },
-    optional {
-        stream: "stream",
-        stream_options: "stream_options",
-        tools: "tools",
-        tool_choice: "tool_choice",
-        functions: "functions",
-        function_call: "function_call",
-        response_format: "response_format",
-    },
-);
 deserialize_with_extra!(
     StreamOptions,
     required {},

@@ -1,6 +1,7 @@
 //! A process-wide memo of derived values keyed by a hash of their inputs: segment summaries,
-//! ledgers, ledger lines and stubs, the identifiers and facts of each message, and the tool
-//! catalogs built from a request's tool definitions.
+//! ledgers, ledger lines and stubs, the identifiers and facts of each message, the tool
+//! catalogs built from a request's tool definitions, and the tool blocks requests were read
+//! with (`ToolBlocks`: an application sends the same block on every request).
 //!
 //! Consecutive requests of a conversation share their older segments and their tools, and the
 //! budget stage reruns the stages several times per request; the memo makes each summary and
@@ -10,10 +11,14 @@
 //! the token-count cache it never changes a result: the key covers every input.
 
 use std::any::Any;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Instant;
 
+use foldhash::quality::FixedState;
+
 use crate::bounded::{MemoryConfig, SharedLru, Weigh};
+use crate::openai::{Tool, ToolBlocks};
 
 pub struct Memo {
     derived: SharedLru<(Kind, u64), Entry>,
@@ -148,6 +153,58 @@ impl Memo {
     }
 }
 
+/// Seed of the memo keys of tool blocks.
+const TOOL_BLOCK_SEED: u64 = 0x746f_6f6c_626c_0001;
+
+/// A tool block as read, and the JSON text it was read from.
+struct ToolBlock {
+    json: Box<str>,
+    tools: Vec<Tool>,
+}
+
+impl Weigh for ToolBlock {
+    fn heap_bytes(&self) -> usize {
+        let function = |f: &crate::openai::FunctionDefinition| {
+            f.name.capacity()
+                + f.description.get().map_or(0, String::capacity)
+                + f.parameters
+                    .get()
+                    .map_or(0, |p| std::mem::size_of_val(&**p) + p.value().heap_bytes())
+                + f.extra.heap_bytes()
+        };
+        let tool = |t: &Tool| {
+            std::mem::size_of::<Tool>()
+                + t.kind.capacity()
+                + t.function.as_ref().map_or(0, function)
+                + t.extra.heap_bytes()
+        };
+        self.json.len() + self.tools.iter().map(tool).sum::<usize>()
+    }
+}
+
+impl ToolBlocks for Memo {
+    /// The block read before from the same text, or read now and kept. Its schemas are shared
+    /// (`Arc`), so their hash and their JSON are computed once for every request that sends them.
+    fn tools(&self, json: &str) -> Result<Vec<Tool>, serde_json::Error> {
+        let key = FixedState::with_seed(TOOL_BLOCK_SEED).hash_one(json);
+        let block = match self.peek::<ToolBlock>(key) {
+            Some(block) if *block.json == *json => block,
+            _ => {
+                let tools = serde_json::from_str(json)?;
+                self.value(key, || ToolBlock {
+                    json: json.into(),
+                    tools,
+                })
+            }
+        };
+        if *block.json != *json {
+            // Another text under the same key: read as it is.
+            return serde_json::from_str(json);
+        }
+        Ok(block.tools.clone())
+    }
+}
+
 /// About how many bytes a request holds: its texts, tool-call arguments and tool definitions.
 fn approximate_bytes(request: &crate::openai::ChatRequest) -> usize {
     let message = |m: &crate::openai::Message| {
@@ -208,6 +265,54 @@ mod tests {
         let b = memo.text(1, || unreachable!("cached"));
         assert_eq!((&*a, &*b, calls), ("one", "one", 1));
         assert_eq!(&*memo.text(2, || "two".into()), "two");
+    }
+
+    #[test]
+    fn a_tool_block_is_read_once_and_requests_read_with_it_are_the_same() {
+        use crate::error::ProxyError;
+        use crate::openai::ChatRequest;
+        let memo = Memo::default();
+        let body = |tools: &str| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":{tools}}}"#
+            )
+        };
+        let block =
+            r#"[{"type":"function","function":{"name":"f","parameters":{"type":"object"}},"x":1}]"#;
+        let first = ChatRequest::parse_with(body(block).as_bytes(), &memo).unwrap();
+        let again = ChatRequest::parse_with(body(block).as_bytes(), &memo).unwrap();
+        assert_eq!(first, ChatRequest::parse(body(block).as_bytes()).unwrap());
+        assert_eq!(again, first);
+        let schema = |chat: &ChatRequest| {
+            let tools = chat.tools.get().unwrap();
+            Arc::clone(
+                tools[0]
+                    .function
+                    .as_ref()
+                    .unwrap()
+                    .parameters
+                    .get()
+                    .unwrap(),
+            )
+        };
+        assert!(Arc::ptr_eq(&schema(&first), &schema(&again)), "read once");
+        let spaced = block.replace(",\"x\"", ", \"x\"");
+        let other = ChatRequest::parse_with(body(&spaced).as_bytes(), &memo).unwrap();
+        assert_eq!(other, first, "another text, the same tools");
+        assert!(!Arc::ptr_eq(&schema(&other), &schema(&first)));
+
+        let null = ChatRequest::parse_with(body("null").as_bytes(), &memo).unwrap();
+        assert_eq!(null.tools, crate::openai::Nullable::Null);
+        // A block that does not read is the same error as without the memo, naming the field.
+        let bad = body(r#"[{"type":"function","function":{"parameters":{}}}]"#);
+        let error = |e: ProxyError| format!("{e:?}");
+        assert_eq!(
+            error(ChatRequest::parse_with(bad.as_bytes(), &memo).unwrap_err()),
+            error(ChatRequest::parse(bad.as_bytes()).unwrap_err())
+        );
+        assert!(
+            error(ChatRequest::parse(bad.as_bytes()).unwrap_err()).contains("tools[0].function")
+        );
     }
 
     #[test]

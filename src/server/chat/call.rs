@@ -118,7 +118,7 @@ impl<'a> ChatCall<'a> {
             let (chat, converted) = responses::to_chat(responses::parse(&bytes)?)?;
             (chat, Some(Arc::new(converted)))
         } else {
-            (ChatRequest::parse(&bytes)?, None)
+            (ChatRequest::parse_with(&bytes, &state.memo)?, None)
         };
         let upstream = route(state, &chat.model)?;
         let mode = match entry {
