@@ -159,7 +159,7 @@ struct Plan {
 fn plan_window(turns: &[Turn<'_>], cx: &StageCx<'_>) -> Plan {
     let config = &cx.config.window;
     let total = turns.len();
-    let continuity = turns::continuity(turns);
+    let continuity = turns::continuity(turns, cx.memo);
     let mut target = match continuity {
         Some(c) if c >= config.continuity_high => config.max_turns,
         Some(c) if c <= config.continuity_low => config.min_turns,

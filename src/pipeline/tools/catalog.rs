@@ -2,8 +2,10 @@
 //! for unclaimed tools one derived from the tool's name, with the words that call for each.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock};
+
+use foldhash::quality::FixedState;
 
 use crate::bounded::Weigh;
 use crate::glob::glob_match;
@@ -200,11 +202,14 @@ pub fn namespace(name: &str) -> String {
         .map_or_else(|| normalize(name), |s| normalize(s))
 }
 
+/// Seed of the memo keys of catalogs.
+const CATALOG_SEED: u64 = 0x6361_7461_6c6f_0001;
+
 impl Catalog {
     /// The catalog of `tools` under `config`, built once per distinct input (what it reads:
     /// tool names and descriptions, and the configured categories) and then shared.
     pub fn memoized(tools: &[Tool], config: &ToolsConfig, memo: &Memo) -> Arc<Catalog> {
-        let mut hasher = std::hash::DefaultHasher::new();
+        let mut hasher = FixedState::with_seed(CATALOG_SEED).build_hasher();
         tools.len().hash(&mut hasher);
         for tool in tools {
             let function = tool.function.as_ref();

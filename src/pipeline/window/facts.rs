@@ -133,7 +133,11 @@ impl crate::bounded::Weigh for Fact {
 }
 
 fn domain_of(text: &str) -> Option<Domain> {
-    let words = content_words(text);
+    domain_in(&content_words(text))
+}
+
+/// The domain whose keywords are among `words` (a text's content words).
+fn domain_in(words: &[String]) -> Option<Domain> {
     [
         Domain::Work,
         Domain::Projects,
@@ -238,8 +242,8 @@ fn facts_of(text: &str) -> Vec<Fact> {
 /// facts sharing a word with it; newest first within the token cap.
 pub fn section(older: &[Turn<'_>], current: &str, cx: &StageCx<'_>) -> Section {
     let facts = extract(older, cx.memo);
-    let current_domain = domain_of(current);
     let current_words = content_words(current);
+    let current_domain = domain_in(&current_words);
     let relevant = |f: &Fact| {
         f.domain == Domain::Preferences
             || Some(f.domain) == current_domain

@@ -84,17 +84,17 @@ pub fn split_turns(messages: &[Message]) -> (&[Message], Vec<Turn<'_>>) {
 
 /// Mean similarity of the last user message to the one before, and that one to its
 /// predecessor (the similarity of the last 2). `None` with fewer than 2 pairs.
-pub fn continuity(turns: &[Turn<'_>]) -> Option<f64> {
-    let users: Vec<String> = turns
-        .iter()
-        .filter(|t| t.user().is_some())
-        .map(Turn::user_text)
-        .collect();
-    if users.len() < 3 {
+pub fn continuity(turns: &[Turn<'_>], memo: &Memo) -> Option<f64> {
+    let mut users = turns.iter().rev().filter(|t| t.user().is_some());
+    let mut last = || {
+        users
+            .next()
+            .map(|t| UserSignals::memoized(&t.user_text(), memo))
+    };
+    let (Some(c), Some(b), Some(a)) = (last(), last(), last()) else {
         return None;
-    }
-    let bags: Vec<_> = users[users.len() - 3..].iter().map(|t| bag(t)).collect();
-    Some((cosine(&bags[2], &bags[1]) + cosine(&bags[1], &bags[0])) / 2.0)
+    };
+    Some((cosine(&c.bag, &b.bag) + cosine(&b.bag, &a.bag)) / 2.0)
 }
 
 /// Phrases that open a new topic, folded (no accents, lowercase).
