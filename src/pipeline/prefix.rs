@@ -31,7 +31,7 @@ use super::tools::append::{
 };
 use super::working_set::WorkingSet;
 use super::{Env, Rewrite, with_messages};
-use crate::openai::{ChatRequest, Message, Role};
+use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use crate::tokens::hash_message;
 
 /// What the store remembers of a conversation: as of the request that sent its first `as_of`
@@ -112,7 +112,6 @@ struct Point {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Whole {
     tokens: usize,
-    tools: u64,
     /// The names of the tools, in order: the same names with other definitions are a tool
     /// promoted in place (a strict tool the conversation needed), not another block.
     tool_names: u64,
@@ -443,11 +442,55 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
         serde_json::to_string(&env.config.tools),
         serde_json::to_string(&env.reinforcement),
         serde_json::to_string(&request.tool_choice),
-        serde_json::to_string(&request.tools),
     ] {
         part.unwrap_or_default().hash(&mut hasher);
     }
+    hash_block(&request.tools, &mut hasher);
     hasher.finish()
+}
+
+/// Feeds everything of a tool block to `hasher`, as writing it out would: absent, `null` or
+/// each tool's every field (a schema by its content hash, computed once per block read).
+fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
+    let extra = |extra: &crate::openai::Extra, hasher: &mut _| {
+        if !extra.is_empty() {
+            serde_json::to_string(extra)
+                .unwrap_or_default()
+                .hash(hasher);
+        }
+    };
+    let tools = match tools {
+        Nullable::Absent => return 0u8.hash(hasher),
+        Nullable::Null => return 1u8.hash(hasher),
+        Nullable::Value(tools) => tools,
+    };
+    (2u8, tools.len()).hash(hasher);
+    for tool in tools {
+        tool.kind.hash(hasher);
+        extra(&tool.extra, hasher);
+        let Some(function) = &tool.function else {
+            0u8.hash(hasher);
+            continue;
+        };
+        function.name.hash(hasher);
+        nullable_hash(&function.description, hasher, |d, h| d.hash(h));
+        nullable_hash(&function.parameters, hasher, |p, h| {
+            p.content_hash().hash(h)
+        });
+        extra(&function.extra, hasher);
+    }
+}
+
+/// Feeds which of absent, `null` or a value `field` is to `hasher`, and the value by `hash`.
+fn nullable_hash<T, H: Hasher>(field: &Nullable<T>, hasher: &mut H, hash: impl Fn(&T, &mut H)) {
+    match field {
+        Nullable::Absent => 0u8.hash(hasher),
+        Nullable::Null => 1u8.hash(hasher),
+        Nullable::Value(value) => {
+            2u8.hash(hasher);
+            hash(value, hasher);
+        }
+    }
 }
 
 /// The request as it was at point `k`.
@@ -506,11 +549,9 @@ fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) ->
 }
 
 fn summary(rewrite: &Rewrite) -> Whole {
-    let tools = serde_json::to_string(&rewrite.request.tools).unwrap_or_default();
     let names = rewrite.request.tool_names();
     Whole {
         tokens: rewrite.report.tokens_after,
-        tools: FixedState::with_seed(WHOLE_SEED).hash_one(tools),
         tool_names: FixedState::with_seed(WHOLE_SEED).hash_one(&names),
         names_but_recall: FixedState::with_seed(WHOLE_SEED).hash_one(
             names
@@ -583,6 +624,42 @@ mod tests {
     use crate::pipeline::{Memo, PipelineConfig, run};
     use crate::synthetic;
     use crate::tokens::{Encoding, TokenCounter};
+
+    #[test]
+    fn a_tool_block_hashes_apart_from_any_block_written_otherwise() {
+        let digest = |tools: serde_json::Value| {
+            let body = serde_json::json!({"model": "m", "messages": [], "tools": tools});
+            let mut body = body.as_object().unwrap().clone();
+            if tools.is_string() {
+                body.remove("tools");
+            }
+            let chat: ChatRequest = serde_json::from_value(body.into()).unwrap();
+            let mut hasher = FixedState::with_seed(1).build_hasher();
+            hash_block(&chat.tools, &mut hasher);
+            hasher.finish()
+        };
+        let tool = |function: serde_json::Value| serde_json::json!([{"type": "function", "function": function}]);
+        let blocks = [
+            serde_json::json!("absent"),
+            serde_json::Value::Null,
+            serde_json::json!([]),
+            tool(serde_json::json!({"name": "f"})),
+            tool(serde_json::json!({"name": "g"})),
+            tool(serde_json::json!({"name": "f", "description": null})),
+            tool(serde_json::json!({"name": "f", "description": "d"})),
+            tool(serde_json::json!({"name": "f", "parameters": null})),
+            tool(serde_json::json!({"name": "f", "parameters": {"type": "object"}})),
+            tool(serde_json::json!({"name": "f", "parameters": {"type": "array"}})),
+            tool(serde_json::json!({"name": "f", "strict": true})),
+            serde_json::json!([{"type": "function", "function": {"name": "f"}, "x": 1}]),
+            serde_json::json!([{"type": "web_search"}]),
+            serde_json::json!([{"type": "function", "function": {"name": "f"}}, {"type": "web_search"}]),
+            serde_json::json!([{"type": "web_search"}, {"type": "function", "function": {"name": "f"}}]),
+        ];
+        let digests: std::collections::HashSet<u64> = blocks.iter().cloned().map(digest).collect();
+        assert_eq!(digests.len(), blocks.len());
+        assert_eq!(digest(blocks[8].clone()), digest(blocks[8].clone()));
+    }
 
     fn env<'a>(
         config: &'a PipelineConfig,
