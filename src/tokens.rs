@@ -36,6 +36,8 @@ const TOOLS_FRAMING: usize = 12;
 const CACHE_BYTES: usize = 8 * 1024 * 1024;
 /// Texts at least this long have their counts cached (shorter ones are cheaper to count).
 const LONG_TEXT_BYTES: usize = 512;
+/// A long text is counted in parts of at least this many bytes (`pretokenize::parts`).
+const PART_BYTES: usize = 2048;
 /// Seeds that keep message keys and text keys apart in the one cache.
 const MESSAGE_SEED: u64 = 0x6d65_7373_6167_6573;
 const TEXT_SEED: u64 = 0x7465_7874_7465_7874;
@@ -250,18 +252,26 @@ impl TokenCounter {
         if text.len() < LONG_TEXT_BYTES {
             return self.encoding.count(text);
         }
-        let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
-        self.encoding.hash(&mut hasher);
-        text.hash(&mut hasher);
-        self.cached(hasher.finish(), || self.encoding.count(text))
+        self.text_recurring(text)
     }
 
     /// `text`, cached whatever its length: for texts that recur from request to request (a
-    /// conversation's ledger lines and stubs).
+    /// conversation's ledger lines and stubs). A long text is counted part by part, each part
+    /// cached: a system message whose sections change keeps the counts of the instructions
+    /// before them.
     pub fn text_recurring(&self, text: &str) -> usize {
         if text.is_empty() {
             return 0;
         }
+        if text.len() < 2 * PART_BYTES {
+            return self.text_cached(text);
+        }
+        pretokenize::parts(text, PART_BYTES)
+            .map(|part| self.text_cached(part))
+            .sum()
+    }
+
+    fn text_cached(&self, text: &str) -> usize {
         let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
         text.hash(&mut hasher);

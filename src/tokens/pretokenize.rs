@@ -89,6 +89,22 @@ pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&str)
     }
 }
 
+/// `text` cut where both encodings always start a piece (after line breaks, see
+/// [`piece_boundaries_after_line_breaks`]), every part but the last at least `min_bytes` long.
+/// The tokens of `text` are the sum of its parts' tokens, and two texts that start alike are cut
+/// alike up to where they differ.
+pub fn parts(text: &str, min_bytes: usize) -> impl Iterator<Item = &str> + '_ {
+    let mut last = 0;
+    let boundaries = piece_boundaries_after_line_breaks(text).filter(move |&at| {
+        let far_enough = at - last >= min_bytes;
+        if far_enough {
+            last = at;
+        }
+        far_enough
+    });
+    cut_at(text, boundaries)
+}
+
 /// `text` cut at `boundaries` (increasing positions inside it).
 fn cut_at<'t>(
     text: &'t str,
@@ -388,6 +404,23 @@ mod tests {
         ) {
             for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
                 prop_assert_eq!(pieces(encoding, &text, by_hand), pieces(encoding, &text, by_regex));
+            }
+        }
+
+        #[test]
+        fn any_text_counts_as_the_sum_of_its_parts(
+            text in "([a-zA-Z]{1,3}|[0-9]{1,4}|[ \t\n\r\x0b\x0c]{1,3}|[./:\"{}-]{1,2}|[éßÜ日\u{a0}\u{2028}\u{85}\u{1F600}]){0,60}",
+            min_bytes in 0usize..24,
+        ) {
+            for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                let whole = crate::tokens::reference(encoding).count(text.as_str());
+                let parts: Vec<&str> = parts(&text, min_bytes).collect();
+                prop_assert_eq!(parts.concat(), text.as_str());
+                let summed: usize = parts
+                    .iter()
+                    .map(|p| crate::tokens::reference(encoding).count(p))
+                    .sum();
+                prop_assert_eq!(summed, whole, "{:?}", parts);
             }
         }
 
