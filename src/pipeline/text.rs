@@ -21,6 +21,10 @@ pub fn fold(c: char) -> char {
 
 /// The text folded (lowercase, no accents).
 pub fn normalize(text: &str) -> String {
+    if text.is_ascii() {
+        // `fold` of an ASCII character is its lowercase.
+        return text.to_ascii_lowercase();
+    }
     text.chars().map(fold).collect()
 }
 
@@ -227,6 +231,16 @@ pub fn sentences(text: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ascii_text_folds_to_its_lowercase() {
+        let every: String = (0u8..128).map(char::from).collect();
+        assert_eq!(
+            normalize(&every),
+            every.chars().map(fold).collect::<String>()
+        );
+        assert_eq!(normalize("ÁRBOL Niño"), "arbol nino");
+    }
 
     #[test]
     fn words_fold_accents_plurals_and_stop_words() {

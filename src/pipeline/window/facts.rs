@@ -242,6 +242,9 @@ fn facts_of(text: &str) -> Vec<Fact> {
 /// facts sharing a word with it; newest first within the token cap.
 pub fn section(older: &[Turn<'_>], current: &str, cx: &StageCx<'_>) -> Section {
     let facts = extract(older, cx.memo);
+    if facts.is_empty() {
+        return Section { lines: Vec::new() };
+    }
     let current_words = content_words(current);
     let current_domain = domain_in(&current_words);
     let relevant = |f: &Fact| {
