@@ -90,6 +90,28 @@ fn context_start(messages: &[Message], current: usize, turns: usize) -> usize {
         .map_or(0, |i| starts.get(i).copied().unwrap_or(0))
 }
 
+/// Words sorted, so that a one-word keyword (most are) is looked up instead of compared with
+/// every word of the turns.
+struct SortedWords<'a>(Vec<&'a str>);
+
+impl<'a> SortedWords<'a> {
+    fn of(lists: impl IntoIterator<Item = &'a [String]>) -> SortedWords<'a> {
+        let mut words: Vec<&str> = lists.into_iter().flatten().map(String::as_str).collect();
+        words.sort_unstable();
+        words.dedup();
+        SortedWords(words)
+    }
+
+    /// Whether a word matches `keyword` (`word_matches`): a word equal to it or starting with it
+    /// sorts first among those at or after it.
+    fn has(&self, keyword: &str) -> bool {
+        let at = self.0.partition_point(|word| *word < keyword);
+        self.0
+            .get(at)
+            .is_some_and(|word| word_matches(word, keyword))
+    }
+}
+
 /// The score and matched keywords of every category with a positive score.
 pub(super) fn score(
     catalog: &Catalog,
@@ -98,15 +120,25 @@ pub(super) fn score(
     weight: f64,
 ) -> BTreeMap<String, (f64, Vec<String>)> {
     let mut scores = BTreeMap::new();
+    let current_sorted = SortedWords::of([current]);
+    let context_sorted = SortedWords::of(context.iter().map(Vec::as_slice));
     for category in &catalog.categories {
         let mut total = 0.0;
         let mut matched = Vec::new();
         for keyword in &category.keywords {
             let phrase = &keyword.words;
-            if contains_phrase(current, phrase) {
+            let in_context = || match phrase.as_slice() {
+                [word] => context_sorted.has(word),
+                _ => context.iter().any(|words| contains_phrase(words, phrase)),
+            };
+            let in_current = match phrase.as_slice() {
+                [word] => current_sorted.has(word),
+                _ => contains_phrase(current, phrase),
+            };
+            if in_current {
                 total += keyword.weight;
                 matched.push(phrase.join(" "));
-            } else if context.iter().any(|words| contains_phrase(words, phrase)) {
+            } else if in_context() {
                 total += weight * keyword.weight;
                 matched.push(format!("{} (context)", phrase.join(" ")));
             }
@@ -224,4 +256,25 @@ pub fn categories_of(
         categories.extend(catalog.categories_of(name).map(str::to_owned));
     }
     categories.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn a_sorted_lookup_matches_as_a_pass_over_every_word(
+            words in proptest::collection::vec("[ab]{1,6}", 0..12),
+            keyword in "[ab]{1,6}",
+        ) {
+            let sorted = SortedWords::of([words.as_slice()]);
+            prop_assert_eq!(
+                sorted.has(&keyword),
+                words.iter().any(|w| word_matches(w, &keyword))
+            );
+        }
+    }
 }
