@@ -83,8 +83,11 @@ pub fn stem(word: &str) -> String {
 }
 
 /// Word counts of a text.
-pub fn bag(text: &str) -> HashMap<String, f64> {
-    let mut bag = HashMap::new();
+pub type Bag = HashMap<String, f64, foldhash::fast::RandomState>;
+
+/// The word counts of `text`.
+pub fn bag(text: &str) -> Bag {
+    let mut bag = Bag::default();
     for word in content_words(text) {
         *bag.entry(word).or_insert(0.0) += 1.0;
     }
@@ -92,12 +95,12 @@ pub fn bag(text: &str) -> HashMap<String, f64> {
 }
 
 /// Cosine similarity of two bags of words, 0 when either is empty.
-pub fn cosine(a: &HashMap<String, f64>, b: &HashMap<String, f64>) -> f64 {
+pub fn cosine(a: &Bag, b: &Bag) -> f64 {
     if a.is_empty() || b.is_empty() {
         return 0.0;
     }
     let dot: f64 = a.iter().filter_map(|(w, x)| b.get(w).map(|y| x * y)).sum();
-    let norm = |m: &HashMap<String, f64>| m.values().map(|v| v * v).sum::<f64>().sqrt();
+    let norm = |m: &Bag| m.values().map(|v| v * v).sum::<f64>().sqrt();
     dot / (norm(a) * norm(b))
 }
 

@@ -80,7 +80,8 @@ fn summary_key(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> u64 {
 
 /// Words ranked by frequency, ties by first appearance.
 fn ranked_words<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<String> {
-    let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut counts: HashMap<String, (usize, usize), foldhash::fast::RandomState> =
+        HashMap::default();
     let mut order = 0;
     for text in texts {
         for word in content_words(text) {

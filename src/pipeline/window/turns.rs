@@ -1,6 +1,5 @@
 //! Turns of a conversation and the lexical signals read from them: continuity and topic shifts.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use crate::openai::{Message, Role};
 use crate::pipeline::config::WindowConfig;
 use crate::pipeline::memo::Memo;
 use crate::pipeline::stage::StageCx;
-use crate::pipeline::text::{bag, content_words, cosine, normalize};
+use crate::pipeline::text::{Bag, bag, content_words, cosine, normalize};
 
 /// A user message and everything up to the next one (the first turn may have no user message).
 pub struct Turn<'a> {
@@ -154,7 +153,7 @@ pub fn last_topic_shift(
 /// What a user message says of topic shifts, once per text (a conversation's requests and the
 /// budget's re-runs read the same messages again).
 struct UserSignals {
-    bag: HashMap<String, f64>,
+    bag: Bag,
     /// At least 4 content words: enough to measure a drop against.
     enough: bool,
     /// It says the topic changes ("another question", …).
