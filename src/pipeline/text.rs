@@ -25,7 +25,9 @@ pub fn normalize(text: &str) -> String {
         // `fold` of an ASCII character is its lowercase.
         return text.to_ascii_lowercase();
     }
-    text.chars().map(fold).collect()
+    let mut folded = String::with_capacity(text.len());
+    folded.extend(text.chars().map(fold));
+    folded
 }
 
 const STOP_WORDS: &[&str] = &[
