@@ -14,7 +14,6 @@ use crate::openai::{ChatRequest, Message, Role};
 use crate::pipeline::config::{PipelineConfig, ToolsConfig};
 use crate::pipeline::memo::Memo;
 use crate::pipeline::text::content_words;
-use crate::tokens::hash_message;
 
 /// Each category with a positive score: its score and the keywords that matched, by name.
 pub(super) type Scores = Vec<(String, (f64, Vec<String>))>;
@@ -167,8 +166,13 @@ pub(super) fn turn_scores(
     config.context_turns.hash(&mut hasher);
     config.context_chars.hash(&mut hasher);
     config.context_weight.to_bits().hash(&mut hasher);
+    // What scoring reads of these messages: their roles, and the text of users and
+    // assistants (tool results, often the longest, are not read).
     for message in &messages[from..messages.len().min(start + 1)] {
-        hash_message(message, &mut hasher);
+        message.role.hash(&mut hasher);
+        if matches!(message.role, Role::User | Role::Assistant) {
+            message.content.get().map(|c| c.text()).hash(&mut hasher);
+        }
     }
     memo.value(hasher.finish(), || scores_of(catalog, messages, config))
 }
