@@ -190,7 +190,7 @@ impl ToolBlocks for Memo {
         let block = match self.peek::<ToolBlock>(key) {
             Some(block) if *block.json == *json => block,
             _ => {
-                let tools = serde_json::from_str(json)?;
+                let tools = read_block(json)?;
                 self.value(key, || ToolBlock {
                     json: json.into(),
                     tools,
@@ -199,10 +199,17 @@ impl ToolBlocks for Memo {
         };
         if *block.json != *json {
             // Another text under the same key: read as it is.
-            return serde_json::from_str(json);
+            return read_block(json);
         }
         Ok(block.tools.clone())
     }
+}
+
+/// The tools of a block's text, read one level down as a request's `tools` is (in its object):
+/// a block nested deeper than a request may hold is refused as the request would be.
+fn read_block(json: &str) -> Result<Vec<Tool>, serde_json::Error> {
+    let (tools,): (Vec<Tool>,) = serde_json::from_str(&format!("[{json}]"))?;
+    Ok(tools)
 }
 
 /// About how many bytes a request holds: its texts, tool-call arguments and tool definitions.
@@ -313,6 +320,15 @@ mod tests {
         assert!(
             error(ChatRequest::parse(bad.as_bytes()).unwrap_err()).contains("tools[0].function")
         );
+        // A block as deep as a request may hold reads; one level deeper is refused by both.
+        for (depth, reads) in [(124, true), (125, false)] {
+            let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let deep = body(&format!(r#"[{{"type":"x","a":{nested}}}]"#));
+            let with = ChatRequest::parse_with(deep.as_bytes(), &memo);
+            let without = ChatRequest::parse(deep.as_bytes());
+            assert_eq!(with.is_ok(), reads, "depth {depth}");
+            assert_eq!(without.is_ok(), reads, "depth {depth}");
+        }
     }
 
     #[test]

@@ -452,7 +452,10 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
 /// Feeds everything of a tool block to `hasher`, as writing it out would: absent, `null` or
 /// each tool's every field (a schema by its content hash, computed once per block read).
 fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
+    // Every part that may be left out is preceded by what says whether it follows, so no two
+    // blocks feed the same sequence.
     let extra = |extra: &crate::openai::Extra, hasher: &mut _| {
+        extra.len().hash(hasher);
         if !extra.is_empty() {
             serde_json::to_string(extra)
                 .unwrap_or_default()
@@ -472,6 +475,7 @@ fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
             0u8.hash(hasher);
             continue;
         };
+        1u8.hash(hasher);
         function.name.hash(hasher);
         nullable_hash(&function.description, hasher, |d, h| d.hash(h));
         nullable_hash(&function.parameters, hasher, |p, h| {
@@ -655,6 +659,9 @@ mod tests {
             serde_json::json!([{"type": "web_search"}]),
             serde_json::json!([{"type": "function", "function": {"name": "f"}}, {"type": "web_search"}]),
             serde_json::json!([{"type": "web_search"}, {"type": "function", "function": {"name": "f"}}]),
+            // One tool's last fields and the next tool's first must not run together.
+            serde_json::json!([{"type": "function", "function": {"name": "f", "strict": true}}, {"type": "{\"x\":1}"}]),
+            serde_json::json!([{"type": "function", "function": {"name": "f"}}, {"type": "{\"strict\":true}", "x": 1}]),
         ];
         let digests: std::collections::HashSet<u64> = blocks.iter().cloned().map(digest).collect();
         assert_eq!(digests.len(), blocks.len());
