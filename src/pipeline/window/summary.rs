@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+use regex_automata::meta::Regex;
 
 use serde_json::{Map, Value, json};
 
@@ -78,24 +80,32 @@ fn summary_key(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> u64 {
     hasher.finish()
 }
 
-/// Words ranked by frequency, ties by first appearance.
-fn ranked_words<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<String> {
-    let mut counts: HashMap<String, (usize, usize), foldhash::fast::RandomState> =
-        HashMap::default();
+/// Words ranked by frequency, ties by first appearance, from the content words of texts.
+fn ranked_words<'a>(texts: impl Iterator<Item = &'a Vec<String>>) -> Vec<String> {
+    let mut counts: HashMap<&str, (usize, usize), foldhash::fast::RandomState> = HashMap::default();
     let mut order = 0;
-    for text in texts {
-        for word in content_words(text) {
-            if word.chars().all(|c| c.is_ascii_digit()) {
-                continue;
-            }
-            let entry = counts.entry(word).or_insert((0, order));
-            entry.0 += 1;
-            order += 1;
+    for word in texts.flatten() {
+        if word.chars().all(|c| c.is_ascii_digit()) {
+            continue;
         }
+        let entry = counts.entry(word).or_insert((0, order));
+        entry.0 += 1;
+        order += 1;
     }
-    let mut words: Vec<(String, (usize, usize))> = counts.into_iter().collect();
+    let mut words: Vec<(&str, (usize, usize))> = counts.into_iter().collect();
     words.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.1.1.cmp(&b.1.1)));
-    words.into_iter().map(|(w, _)| w).collect()
+    words.into_iter().map(|(w, _)| w.to_owned()).collect()
+}
+
+/// Whether a folded sentence states a decision: one search for every marker at once (the
+/// markers are literal text, see the tests).
+fn states_a_decision(folded: &str) -> bool {
+    static MARKERS: LazyLock<Option<Regex>> =
+        LazyLock::new(|| Regex::new_many(DECISION_MARKERS).ok());
+    match &*MARKERS {
+        Some(markers) => markers.is_match(folded),
+        None => DECISION_MARKERS.iter().any(|m| folded.contains(m)),
+    }
 }
 
 fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String {
@@ -121,30 +131,25 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
             acc
         });
 
-    let topic: Vec<String> = ranked_words(user_texts.iter().map(String::as_str))
+    let user_words: Vec<Vec<String>> = user_texts.iter().map(|t| content_words(t)).collect();
+    let assistant_words: Vec<Vec<String>> =
+        assistant_texts.iter().map(|t| content_words(t)).collect();
+    let topic: Vec<String> = ranked_words(user_words.iter())
         .into_iter()
         .take(2)
         .collect();
-    let mut discussed: Vec<String> = ranked_words(
-        user_texts
-            .iter()
-            .chain(assistant_texts.iter())
-            .map(String::as_str),
-    )
-    .into_iter()
-    .filter(|w| !topic.contains(w))
-    .take(3)
-    .collect();
+    let mut discussed: Vec<String> = ranked_words(user_words.iter().chain(&assistant_words))
+        .into_iter()
+        .filter(|w| !topic.contains(w))
+        .take(3)
+        .collect();
     discussed.extend(tool_names);
     let outcome = outcome(&assistant_texts);
     let decisions: Vec<String> = user_texts
         .iter()
         .chain(assistant_texts.iter())
         .flat_map(|t| sentences(t).into_iter())
-        .filter(|s| {
-            let folded = normalize(s);
-            DECISION_MARKERS.iter().any(|m| folded.contains(m))
-        })
+        .filter(|s| states_a_decision(&normalize(s)))
         .map(|s| truncate_words(s, 10))
         .take(2)
         .collect();
@@ -277,5 +282,41 @@ impl Fields {
             return false;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_are_found_as_a_search_for_each_marker_finds_them() {
+        // Literal text: no character a pattern would read otherwise.
+        for marker in DECISION_MARKERS {
+            assert!(
+                marker
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || matches!(c, ' ' | '\'')),
+                "{marker}"
+            );
+        }
+        let sentences = [
+            "we decided to book the later flight",
+            "so let's go with the window seat",
+            "decidimos cancelar la reserva",
+            "nothing was agreed",
+            "she chose nothing",
+            "we will use the voucher",
+            "we will not use it",
+            "the deciding factor",
+            "",
+        ];
+        for sentence in sentences {
+            assert_eq!(
+                states_a_decision(sentence),
+                DECISION_MARKERS.iter().any(|m| sentence.contains(m)),
+                "{sentence}"
+            );
+        }
     }
 }
