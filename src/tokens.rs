@@ -42,6 +42,7 @@ const PART_BYTES: usize = 2048;
 const MESSAGE_SEED: u64 = 0x6d65_7373_6167_6573;
 const TEXT_SEED: u64 = 0x7465_7874_7465_7874;
 const TOOL_SEED: u64 = 0x746f_6f6c_746f_6f6c;
+const BLOCK_SEED: u64 = 0x626c_6f63_6b73_0001;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -329,18 +330,32 @@ impl TokenCounter {
     }
 
     /// Tool definitions: name, description and the JSON of the parameters, plus framing.
+    /// Cached for the whole block by its tools' keys: a request's block is counted at every
+    /// stage run, and one lookup costs less than one per tool.
     pub fn tools(&self, tools: &[Tool]) -> usize {
         if tools.is_empty() {
             return 0;
         }
-        TOOLS_FRAMING + tools.iter().map(|t| self.tool(t)).sum::<usize>()
+        let keys: Vec<u64> = tools.iter().map(|t| self.tool_key(t)).collect();
+        let block = foldhash::quality::FixedState::with_seed(BLOCK_SEED).hash_one(&keys);
+        self.cached(block, || {
+            let counts = tools.iter().zip(&keys);
+            TOOLS_FRAMING
+                + counts
+                    .map(|(tool, &key)| self.cached(key, || self.count_tool(tool)))
+                    .sum::<usize>()
+        })
     }
 
     pub fn tool(&self, tool: &Tool) -> usize {
+        self.cached(self.tool_key(tool), || self.count_tool(tool))
+    }
+
+    fn tool_key(&self, tool: &Tool) -> u64 {
         let mut hasher = foldhash::quality::FixedState::with_seed(TOOL_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
         hash_tool(tool, &mut hasher);
-        self.cached(hasher.finish(), || self.count_tool(tool))
+        hasher.finish()
     }
 
     fn count_tool(&self, tool: &Tool) -> usize {
@@ -461,6 +476,34 @@ mod tests {
         assert_eq!(cl100k.text("hello world"), 2);
         assert_eq!(cl100k.text("tiktoken is great!"), 6);
         assert_eq!(o200k.text(""), 0);
+    }
+
+    #[test]
+    fn a_block_counts_as_its_tools_in_any_order_and_apart_from_another() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let tool = |name: &str, description: &str| -> Tool {
+            serde_json::from_value(serde_json::json!({"type": "function", "function": {
+                "name": name, "description": description,
+                "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}))
+            .unwrap()
+        };
+        let (a, b) = (
+            tool("get_order", "Gets an order."),
+            tool("cancel", "Cancels it, now."),
+        );
+        let each =
+            |tools: &[Tool]| TOOLS_FRAMING + tools.iter().map(|t| counter.tool(t)).sum::<usize>();
+        for block in [
+            vec![a.clone()],
+            vec![a.clone(), b.clone()],
+            vec![b.clone(), a.clone()],
+        ] {
+            assert_eq!(counter.tools(&block), each(&block));
+            assert_eq!(counter.tools(&block), each(&block), "cached");
+        }
+        let longer = vec![a.clone(), b.clone(), b.clone()];
+        assert_eq!(counter.tools(&longer), each(&longer));
+        assert!(counter.tools(&longer) > counter.tools(&[a, b]));
     }
 
     #[test]
