@@ -318,7 +318,7 @@ impl Metrics {
             )?,
             records_written: r.counter(
                 "ctxproxy_records_written_total",
-                "Exchanges written to the [record] file.",
+                "Exchanges written to the [record] file (counted once flushed to it).",
             )?,
             record_dropped: r.counters(
                 "ctxproxy_record_dropped_total",

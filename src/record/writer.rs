@@ -125,10 +125,12 @@ pub struct WriterMetrics {
 pub fn run(config: RecordConfig, queue: Receiver<Message>, metrics: WriterMetrics) {
     let mut file = RotatingFile::new(config.path.trim(), config.max_bytes, config.max_files);
     let mut warned = false;
-    let mut write = |exchange: &super::Exchange, file: &mut RotatingFile| {
+    // Lines written since the last flush: counted written once they are in the file.
+    let mut pending: u64 = 0;
+    let mut write = |exchange: &super::Exchange, file: &mut RotatingFile, pending: &mut u64| {
         let line = exchange.to_line(&config.redact_headers);
         match file.write_line(&line) {
-            Ok(()) => metrics.written.inc(),
+            Ok(()) => *pending += 1,
             Err(e) => {
                 metrics
                     .dropped
@@ -146,23 +148,41 @@ pub fn run(config: RecordConfig, queue: Receiver<Message>, metrics: WriterMetric
         while let Some(message) = next.take() {
             match message {
                 Message::Exchange(exchange, bytes) => {
-                    write(&exchange, &mut file);
+                    write(&exchange, &mut file, &mut pending);
                     drop(exchange);
                     metrics.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 }
                 Message::Close(done) => {
-                    let _ = file.flush();
+                    let _ = flushed(file.flush(), &mut pending, &metrics);
                     let _ = done.send(());
                     return;
                 }
             }
             next = queue.try_recv().ok();
         }
-        if let Err(e) = file.flush() {
+        if let Err(e) = flushed(file.flush(), &mut pending, &metrics) {
             tracing::warn!(path = %config.path, error = %e, "cannot flush the recording");
         }
     }
-    let _ = file.flush();
+    let _ = flushed(file.flush(), &mut pending, &metrics);
+}
+
+/// Counts the lines `pending` since the last flush as written, or as dropped when the flush
+/// failed; passes the flush's result on.
+fn flushed(
+    flush: std::io::Result<()>,
+    pending: &mut u64,
+    metrics: &WriterMetrics,
+) -> std::io::Result<()> {
+    match &flush {
+        Ok(()) => metrics.written.inc_by(*pending),
+        Err(_) => metrics
+            .dropped
+            .with_label_values(&[RecordDrop::WriteError.as_str()])
+            .inc_by(*pending),
+    }
+    *pending = 0;
+    flush
 }
 
 #[cfg(test)]
