@@ -164,21 +164,7 @@ struct ToolBlock {
 
 impl Weigh for ToolBlock {
     fn heap_bytes(&self) -> usize {
-        let function = |f: &crate::openai::FunctionDefinition| {
-            f.name.capacity()
-                + f.description.get().map_or(0, String::capacity)
-                + f.parameters
-                    .get()
-                    .map_or(0, |p| std::mem::size_of_val(&**p) + p.value().heap_bytes())
-                + f.extra.heap_bytes()
-        };
-        let tool = |t: &Tool| {
-            std::mem::size_of::<Tool>()
-                + t.kind.capacity()
-                + t.function.as_ref().map_or(0, function)
-                + t.extra.heap_bytes()
-        };
-        self.json.len() + self.tools.iter().map(tool).sum::<usize>()
+        self.json.len() + self.tools.iter().map(tool_bytes).sum::<usize>()
     }
 }
 
