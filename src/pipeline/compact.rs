@@ -140,7 +140,7 @@ impl Stage for CompactStage {
                 continue;
             }
             let max_tokens = cx.params.tool_result_max_tokens;
-            let tokens = cx.counter.text(&text);
+            let tokens = cx.counter.text_recurring(&text);
             if tokens <= max_tokens {
                 // Within the configured cap too, the working-set form is the minified JSON,
                 // memoized: each point and budget step meets the same result again.
@@ -467,7 +467,7 @@ fn cleared_in_batches(
                 .get()
                 .map(|c| c.text())
                 .unwrap_or_default();
-            (i, cx.counter.text(&text))
+            (i, cx.counter.text_recurring(&text))
         })
         .collect();
     if batch == 0 {
