@@ -97,11 +97,11 @@ impl StreamAssembler {
                     .collect();
                 let mut message = Message::text(parts.role.unwrap_or(Role::Assistant), "");
                 message.content = match parts.content {
-                    Some(text) => Nullable::Value(Content::Text(text)),
+                    Some(text) => Nullable::Value(Content::Text(text.into())),
                     None => Nullable::Null,
                 };
                 if !tool_calls.is_empty() {
-                    message.tool_calls = Nullable::Value(tool_calls);
+                    message.tool_calls = Nullable::Value(tool_calls.into());
                 }
                 Choice {
                     index,

@@ -8,6 +8,7 @@ mod nullable;
 mod request;
 mod response;
 mod schema;
+mod shared_text;
 pub mod sse;
 mod stream;
 mod with_extra;
@@ -20,6 +21,7 @@ pub use request::{
 };
 pub use response::{ChatCompletion, Choice, Usage};
 pub use schema::{Schema, hash_json};
+pub use shared_text::SharedText;
 pub use stream::{ChatCompletionChunk, ChunkChoice, Delta, FunctionCallDelta, ToolCallDelta};
 
 /// Which OpenAI API a request or an answer speaks.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::with_extra::{self, deserialize_with_extra};
-use super::{Extra, Nullable, Schema};
+use super::{Extra, Nullable, Schema, SharedText};
 use crate::error::ProxyError;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -218,7 +218,8 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
     pub name: Nullable<String>,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
-    pub tool_calls: Nullable<Vec<ToolCall>>,
+    /// Shared: a copy of the message (every stage and point makes some) copies no call.
+    pub tool_calls: Nullable<Arc<Vec<ToolCall>>>,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
     pub tool_call_id: Nullable<String>,
     #[serde(flatten)]
@@ -230,7 +231,7 @@ impl Message {
     pub fn text(role: Role, text: impl Into<String>) -> Self {
         Message {
             role,
-            content: Nullable::Value(Content::Text(text.into())),
+            content: Nullable::Value(Content::Text(SharedText::from(text.into()))),
             name: Nullable::Absent,
             tool_calls: Nullable::Absent,
             tool_call_id: Nullable::Absent,
@@ -248,7 +249,7 @@ impl Message {
 
     /// The tool calls of an assistant message; empty for every other message.
     pub fn tool_calls(&self) -> &[ToolCall] {
-        self.tool_calls.get().map_or(&[], Vec::as_slice)
+        self.tool_calls.get().map_or(&[], |calls| calls.as_slice())
     }
 }
 
@@ -317,7 +318,7 @@ impl<'de> Deserialize<'de> for Role {
 /// Message content: a plain string or an array of typed parts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Content {
-    Text(String),
+    Text(SharedText),
     Parts(Vec<ContentPart>),
 }
 
@@ -325,7 +326,7 @@ impl Content {
     /// The text of the content: the string, or the `text` of every text part joined by newlines.
     pub fn text(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            Content::Text(text) => std::borrow::Cow::Borrowed(text),
+            Content::Text(text) => std::borrow::Cow::Borrowed(text.as_str()),
             Content::Parts(parts) => {
                 let texts: Vec<&str> = parts
                     .iter()
@@ -356,10 +357,10 @@ impl<'de> Deserialize<'de> for Content {
                 f.write_str("a string or an array of content parts")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
-                Ok(Content::Text(v.to_owned()))
+                Ok(Content::Text(v.into()))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
-                Ok(Content::Text(v))
+                Ok(Content::Text(v.into()))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
                 let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(1));

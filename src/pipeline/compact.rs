@@ -430,7 +430,7 @@ pub(super) fn minified_result(message: &Message) -> Option<Message> {
 fn with_text(message: &Message, text: String) -> Message {
     Message {
         role: message.role.clone(),
-        content: Nullable::Value(Content::Text(text)),
+        content: Nullable::Value(Content::Text(text.into())),
         name: message.name.clone(),
         tool_calls: message.tool_calls.clone(),
         tool_call_id: message.tool_call_id.clone(),

@@ -955,7 +955,9 @@ mod tests {
         let mut other = synthetic::conversation(8).unwrap();
         for message in &mut other.messages {
             if let crate::openai::Nullable::Value(calls) = &mut message.tool_calls {
-                calls.iter_mut().for_each(|c| c.id = format!("x{}", c.id));
+                Arc::make_mut(calls)
+                    .iter_mut()
+                    .for_each(|c| c.id = format!("x{}", c.id));
             }
             if let crate::openai::Nullable::Value(id) = &mut message.tool_call_id {
                 *id = format!("x{id}");

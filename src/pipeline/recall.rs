@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::hash::BuildHasher;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use foldhash::quality::FixedState;
 use serde_json::Value;
@@ -211,7 +211,8 @@ impl Mark {
     pub fn of(at: usize, recalled: &[Recalled]) -> Mark {
         let mut call = Message::text(Role::Assistant, "");
         call.content = Nullable::Null;
-        call.tool_calls = Nullable::Value(recalled.iter().map(|r| r.call.clone()).collect());
+        call.tool_calls =
+            Nullable::Value(Arc::new(recalled.iter().map(|r| r.call.clone()).collect()));
         Mark { at, call }
     }
 }

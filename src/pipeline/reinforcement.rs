@@ -74,7 +74,9 @@ mod tests {
 
     fn system_text(request: &ChatRequest) -> String {
         match request.messages[0].content.get() {
-            Some(Content::Text(text)) if request.messages[0].role == Role::System => text.clone(),
+            Some(Content::Text(text)) if request.messages[0].role == Role::System => {
+                text.to_string()
+            }
             _ => String::new(),
         }
     }

@@ -119,16 +119,13 @@ pub fn append_reminder(request: &mut ChatRequest, text: &str) {
 /// first and unchanged).
 pub(super) fn append_text(message: &mut Message, section: &str) {
     match message.content.get_mut() {
-        Some(Content::Text(text)) => {
-            text.push_str("\n\n");
-            text.push_str(section);
-        }
+        Some(Content::Text(text)) => *text = format!("{text}\n\n{section}").into(),
         Some(Content::Parts(parts)) => parts.push(crate::openai::ContentPart {
             kind: "text".into(),
             text: crate::openai::Nullable::Value(section.to_owned()),
             extra: Default::default(),
         }),
-        None => message.content = crate::openai::Nullable::Value(Content::Text(section.to_owned())),
+        None => message.content = crate::openai::Nullable::Value(Content::Text(section.into())),
     }
 }
 

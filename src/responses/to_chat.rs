@@ -5,6 +5,8 @@
 //! `item_reference`, types ctxproxy does not know) is carried, unread, by the message after it,
 //! so it is kept or left out with that message and always right before it.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 
 use super::{ResponsesBody, invalid, is_chained};
@@ -330,8 +332,8 @@ pub fn to_chat(mut body: ResponsesBody) -> Result<(ChatRequest, Converted), Prox
                 unit.items.append(&mut trailing);
                 unit.items.push(raw);
                 match &mut unit.message.tool_calls {
-                    Nullable::Value(calls) => calls.push(call),
-                    other => *other = Nullable::Value(vec![call]),
+                    Nullable::Value(calls) => Arc::make_mut(calls).push(call),
+                    other => *other = Nullable::Value(Arc::new(vec![call])),
                 }
             }
             Kind::FunctionCallOutput => {
@@ -608,7 +610,7 @@ fn message_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyErro
 fn content_of(item: &Map<String, Value>, at: usize, field: &str) -> Result<Content, ProxyError> {
     let name = format!("input[{at}].{field}");
     match item.get(field) {
-        Some(Value::String(text)) => Ok(Content::Text(text.clone())),
+        Some(Value::String(text)) => Ok(Content::Text(text.as_str().into())),
         Some(Value::Array(parts)) => Ok(Content::Parts(parts_of(parts, &name)?)),
         Some(_) => Err(invalid(
             name,

@@ -109,7 +109,7 @@ pub async fn dedup_plan(
     }
     let last = chat.messages.last().filter(|m| m.role == Role::User)?;
     let question = match last.content.get()? {
-        Content::Text(text) => text.clone(),
+        Content::Text(text) => text.to_string(),
         Content::Parts(_) => return None,
     };
     // The contract and the conversation before the question (see `dedup_scope`).
@@ -220,8 +220,9 @@ pub async fn dedup_look_up(
             .get()
             .map(|c| c.text().into_owned())
             .unwrap_or_default();
-        choice.message.content =
-            Nullable::Value(Content::Text(format!("{}\n\n{text}", config.disclaimer)));
+        choice.message.content = Nullable::Value(Content::Text(
+            format!("{}\n\n{text}", config.disclaimer).into(),
+        ));
     }
     answer.usage = Nullable::Value(Usage {
         prompt_tokens: 0,
