@@ -390,7 +390,8 @@ pub fn hash_message(message: &Message, hasher: &mut impl Hasher) {
     match message.content.get() {
         Some(Content::Text(text)) => {
             0u8.hash(hasher);
-            text.hash(hasher);
+            // Taken once per text: a message is hashed again at every stage and point.
+            text.digest().hash(hasher);
         }
         Some(Content::Parts(parts)) => {
             1u8.hash(hasher);

@@ -8,6 +8,7 @@
 //! working set and the ledger. When the floor alone exceeds the budget, the report says which
 //! part is over; the caller's policy forwards it flagged (default) or rejects it.
 
+use memchr::memmem;
 use serde::Serialize;
 
 use super::config::PipelineConfig;
@@ -150,8 +151,10 @@ impl Floor {
 
 /// The `<conversation_summary>` section of a system message text.
 fn summary_section(text: &str) -> Option<&str> {
-    let start = text.find("<conversation_summary>")?;
-    let end = text[start..].find("</conversation_summary>")? + start;
+    // memmem: the system message is long (an agent's policy), and this is read per budget step.
+    let find = |haystack: &str, tag: &str| memmem::find(haystack.as_bytes(), tag.as_bytes());
+    let start = find(text, "<conversation_summary>")?;
+    let end = find(&text[start..], "</conversation_summary>")? + start;
     Some(&text[start..end + "</conversation_summary>".len()])
 }
 
