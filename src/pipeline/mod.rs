@@ -32,7 +32,7 @@ pub use config::{Mode, OnExceed, PipelineConfig};
 pub use memo::Memo;
 pub use prefix::{PrefixReport, PrefixState, Rebuilt};
 pub use report::{PipelineReport, StageDetails, StageReport};
-pub use stage::{Params, Stage, StageCx, StageName, StageOutput};
+pub use stage::{Decided, Params, Stage, StageCx, StageName, StageOutput};
 
 use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Message, Nullable};
@@ -145,15 +145,16 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let budget = env.budget.saturating_sub(reserve);
     let params = Params::from_config(config);
     let tokens_before = counter.request(request);
+    let decided = Decided::default();
     let (rewritten, mut stages, mut tokens_after) =
-        run_stages(request, tokens_before, env, &params);
+        run_stages(request, tokens_before, env, &params, &decided);
     let mut best = rewritten;
 
     if config.budget.enabled && tokens_after > budget {
         let first_pass = tokens_after;
         let (fitted, fitted_tokens, details) =
             budget::fit(request, config, budget, first_pass, &|p| {
-                let (rewritten, _, tokens) = run_stages(request, tokens_before, env, p);
+                let (rewritten, _, tokens) = run_stages(request, tokens_before, env, p, &decided);
                 (rewritten.into_owned(), tokens)
             });
         let report = StageReport {
@@ -275,28 +276,29 @@ pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, 
         request,
         env.counter.request(request),
         env,
-        &Params::from_config(env.config),
+        (&Params::from_config(env.config), &Decided::default()),
         Some(&mut snapshots),
     );
     snapshots
 }
 
-/// The stages run over `request` (of `tokens` tokens): the request they leave, their reports,
-/// and its tokens.
+/// The stages run over `request` (of `tokens` tokens) with `params`: the request they leave,
+/// their reports, and its tokens. `decided` is shared by the runs of one rewrite.
 fn run_stages<'a>(
     request: &'a ChatRequest,
     tokens: usize,
     env: &Env<'_>,
     params: &Params,
+    decided: &Decided,
 ) -> (Cow<'a, ChatRequest>, Vec<StageReport>, usize) {
-    run_stages_into(request, tokens, env, params, None)
+    run_stages_into(request, tokens, env, (params, decided), None)
 }
 
 fn run_stages_into<'a>(
     request: &'a ChatRequest,
     mut tokens: usize,
     env: &Env<'_>,
-    params: &Params,
+    (params, decided): (&Params, &Decided),
     mut snapshots: Option<&mut Vec<(StageName, ChatRequest)>>,
 ) -> (Cow<'a, ChatRequest>, Vec<StageReport>, usize) {
     let (config, counter) = (env.config, env.counter);
@@ -307,6 +309,7 @@ fn run_stages_into<'a>(
         memo: env.memo,
         sticky_categories: env.sticky_categories,
         original_messages: &request.messages,
+        decided,
     };
     let tool_tokens = |r: &ChatRequest| counter.tools(r.tools.get().map_or(&[], Vec::as_slice));
     let mut current = Cow::Borrowed(request);

@@ -94,6 +94,15 @@ pub struct StageCx<'a> {
     /// The messages the client sent, before any stage: what a classifier reads, so that a
     /// smaller window never changes which tools are chosen.
     pub original_messages: &'a [Message],
+    /// What stages decided from the client's request alone, shared by the runs of one rewrite.
+    pub decided: &'a Decided,
+}
+
+/// What a stage decides from the client's request alone (not from `Params`), made once per
+/// rewrite: the budget's re-runs of the stages read it instead of deciding again.
+#[derive(Default)]
+pub struct Decided {
+    pub tools: std::cell::OnceCell<super::tools::Decision>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description

@@ -119,7 +119,13 @@ pub fn append_reminder(request: &mut ChatRequest, text: &str) {
 /// first and unchanged).
 pub(super) fn append_text(message: &mut Message, section: &str) {
     match message.content.get_mut() {
-        Some(Content::Text(text)) => *text = format!("{text}\n\n{section}").into(),
+        Some(Content::Text(text)) => {
+            let mut joined = String::with_capacity(text.len() + 2 + section.len());
+            joined.push_str(text);
+            joined.push_str("\n\n");
+            joined.push_str(section);
+            *text = joined.into();
+        }
         Some(Content::Parts(parts)) => parts.push(crate::openai::ContentPart {
             kind: "text".into(),
             text: crate::openai::Nullable::Value(section.to_owned()),

@@ -75,79 +75,21 @@ impl Stage for ToolsStage {
                 ..ToolsDetails::all_sent(tools.len(), Reason::SmallBlock)
             });
         }
-        let catalog = Catalog::memoized(tools, config, cx.memo);
-        let original = cx.original_messages;
-        let plan = plan(&catalog, tools, request, original, cx);
-        // Scores of the current turn, for the report (the block was decided at the first).
-        let scores = turn_scores(&catalog, original, config, cx.memo);
-
-        let offered = tools.len();
-        // Left-out tools become stubs in place (the block keeps the client's order), unless
-        // they are removed. Tools without a function name (other tool types) are always kept.
-        let defined_inline: BTreeSet<&str> = plan
-            .placed
-            .iter()
-            .flat_map(|p| p.names.iter().map(String::as_str))
-            .collect();
-        let mut forms = BTreeMap::new();
-        let mut kept: Vec<Tool> = Vec::with_capacity(offered);
-        for tool in tools {
-            let Some(name) = tool_name(tool) else {
-                kept.push(tool.clone());
-                continue;
-            };
-            let form = if plan.full.contains(name) {
-                kept.push(tool.clone());
-                ToolForm::Full
-            } else if plan.stubs {
-                let max = config.stub_description_tokens;
-                kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
-                if defined_inline.contains(name) {
-                    ToolForm::Inline
-                } else {
-                    ToolForm::Stub
-                }
-            } else {
-                ToolForm::Removed
-            };
-            forms.insert(name.to_owned(), form);
+        let decision = cx.decided.tools.get_or_init(|| decide(tools, request, cx));
+        if decision.unchanged {
+            return StageOutput::unchanged(decision.details.clone());
         }
-        let stubbed = forms.values().filter(|f| f.is_stub()).count();
-        let scores = scores
-            .iter()
-            .map(|(name, (score, keywords))| {
-                let score = CategoryScore {
-                    score: *score,
-                    keywords: keywords.clone(),
-                };
-                (name.clone(), score)
-            })
-            .collect();
-        let details = ToolsDetails {
-            sent: Some(kept.len() - stubbed),
-            stubs: Some(stubbed),
-            inline: (!defined_inline.is_empty()).then_some(defined_inline.len()),
-            reason: Some(plan.reason),
-            classifier: Some(Classified {
-                forms,
-                categories: plan.categories,
-                scores,
-                sticky: cx.sticky_categories.to_vec(),
-                protected: plan.protected,
-            }),
-            ..ToolsDetails::offered(offered)
-        };
-        let messages = (!plan.placed.is_empty()).then(|| {
-            let placed = placed_definitions(&plan.placed, tools);
-            inline::insert(request.messages.clone(), original, &placed)
+        let messages = (!decision.placed.is_empty()).then(|| {
+            inline::insert(
+                request.messages.clone(),
+                cx.original_messages,
+                &decision.placed,
+            )
         });
-        if kept.len() == offered && stubbed == 0 && messages.is_none() {
-            return StageOutput::unchanged(details);
-        }
         StageOutput {
             messages,
-            tools: Some(kept),
-            details,
+            tools: Some(decision.kept.clone()),
+            details: decision.details.clone(),
         }
     }
 
@@ -155,6 +97,91 @@ impl Stage for ToolsStage {
     /// request shorter (the pipeline as a whole still never grows a prompt).
     fn structural(&self) -> bool {
         true
+    }
+}
+
+/// What the stage decides from the client's tools, `tool_choice` and messages, which no budget
+/// step changes: made once per rewrite (`Decided`).
+pub struct Decision {
+    /// The block sent.
+    kept: Vec<Tool>,
+    details: ToolsDetails,
+    /// The definitions placed in the messages, each at the client's message it goes before.
+    placed: Vec<(usize, Message)>,
+    /// The client's block is sent as it is, and nothing is placed.
+    unchanged: bool,
+}
+
+fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
+    let config = &cx.config.tools;
+    let catalog = Catalog::memoized(tools, config, cx.memo);
+    let original = cx.original_messages;
+    let plan = plan(&catalog, tools, request, original, cx);
+    // Scores of the current turn, for the report (the block was decided at the first).
+    let scores = turn_scores(&catalog, original, config, cx.memo);
+
+    let offered = tools.len();
+    // Left-out tools become stubs in place (the block keeps the client's order), unless
+    // they are removed. Tools without a function name (other tool types) are always kept.
+    let defined_inline: BTreeSet<&str> = plan
+        .placed
+        .iter()
+        .flat_map(|p| p.names.iter().map(String::as_str))
+        .collect();
+    let mut forms = BTreeMap::new();
+    let mut kept: Vec<Tool> = Vec::with_capacity(offered);
+    for tool in tools {
+        let Some(name) = tool_name(tool) else {
+            kept.push(tool.clone());
+            continue;
+        };
+        let form = if plan.full.contains(name) {
+            kept.push(tool.clone());
+            ToolForm::Full
+        } else if plan.stubs {
+            let max = config.stub_description_tokens;
+            kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
+            if defined_inline.contains(name) {
+                ToolForm::Inline
+            } else {
+                ToolForm::Stub
+            }
+        } else {
+            ToolForm::Removed
+        };
+        forms.insert(name.to_owned(), form);
+    }
+    let stubbed = forms.values().filter(|f| f.is_stub()).count();
+    let scores = scores
+        .iter()
+        .map(|(name, (score, keywords))| {
+            let score = CategoryScore {
+                score: *score,
+                keywords: keywords.clone(),
+            };
+            (name.clone(), score)
+        })
+        .collect();
+    let details = ToolsDetails {
+        sent: Some(kept.len() - stubbed),
+        stubs: Some(stubbed),
+        inline: (!defined_inline.is_empty()).then_some(defined_inline.len()),
+        reason: Some(plan.reason),
+        classifier: Some(Classified {
+            forms,
+            categories: plan.categories,
+            scores,
+            sticky: cx.sticky_categories.to_vec(),
+            protected: plan.protected,
+        }),
+        ..ToolsDetails::offered(offered)
+    };
+    let placed = placed_definitions(&plan.placed, tools);
+    Decision {
+        unchanged: kept.len() == offered && stubbed == 0 && placed.is_empty(),
+        kept,
+        details,
+        placed,
     }
 }
 

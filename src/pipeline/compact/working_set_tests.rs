@@ -23,6 +23,7 @@ fn run_batched(request: &ChatRequest, batch: usize) -> Option<Vec<Message>> {
         memo: &crate::pipeline::Memo::default(),
         sticky_categories: &[],
         original_messages: &request.messages,
+        decided: &Default::default(),
     };
     CompactStage.apply(request, &cx).messages
 }

@@ -245,6 +245,7 @@ pub fn definitions_from(
         memo,
         sticky_categories: &[],
         original_messages: &request.messages,
+        decided: &Default::default(),
     };
     let catalog = Catalog::memoized(tools, &config.tools, memo);
     let plan = plan(&catalog, tools, request, &request.messages, &cx);

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::pipeline::config::OnNoMatch;
-use crate::pipeline::{Env, Memo, PipelineConfig, run};
+use crate::pipeline::{Decided, Env, Memo, PipelineConfig, run};
 use crate::tokens::{Encoding, TokenCounter};
 
 fn tool(name: &str, description: &str) -> Value {
@@ -220,6 +220,7 @@ fn the_classifier_reads_what_the_client_sent_not_the_window() {
         memo: &Memo::default(),
         sticky_categories: &[],
         original_messages: &original,
+        decided: &Default::default(),
     };
     let kept = ToolsStage.apply(&windowed, &cx).tools.unwrap();
     let names: Vec<&str> = kept.iter().filter_map(tool_name).collect();
@@ -266,6 +267,7 @@ fn a_conversations_tool_block_only_grows() {
             memo: &memo,
             sticky_categories: &[],
             original_messages: &request.messages,
+            decided: &Default::default(),
         };
         let output = ToolsStage.apply(&request, &cx);
         let sent: Vec<String> = output
@@ -372,4 +374,56 @@ fn chosen_called_always_and_tool_loop_tools_are_kept() {
             "email_search"
         ]
     );
+}
+
+#[test]
+fn a_budget_rerun_reads_the_decision_and_places_it_in_its_own_window() {
+    let messages: Vec<Value> = vec![
+        json!({"role": "user", "content": "hello"}),
+        json!({"role": "assistant", "content": "Hi! How can I help?"}),
+        json!({"role": "user", "content": "what's on my calendar today?"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "calendar_list_events", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "standup at 10"}),
+    ];
+    let request = |messages: &[Value]| -> ChatRequest {
+        serde_json::from_value(json!({"model": "gpt-4o", "messages": messages, "tools": offered()}))
+            .unwrap()
+    };
+    let original = request(&messages);
+    // A tighter budget step's window: the last turn only.
+    let windowed = request(&messages[2..]);
+    let mut config = PipelineConfig::default();
+    config.tools.min_tool_tokens = 0;
+    config.tools.min_stub_tokens = 0;
+    config.tools.min_score = 1.0;
+    config.tools.left_out = LeftOut::Stub;
+    config.tools.on_no_match = OnNoMatch::Stub;
+    let counter = TokenCounter::new(Encoding::O200kBase);
+    let memo = Memo::default();
+    let params = crate::pipeline::Params::from_config(&config);
+    let apply = |input: &ChatRequest, decided: &Decided| {
+        let cx = StageCx {
+            config: &config,
+            params: &params,
+            counter: &counter,
+            memo: &memo,
+            sticky_categories: &[],
+            original_messages: &original.messages,
+            decided,
+        };
+        let output = ToolsStage.apply(input, &cx);
+        (output.messages, output.tools, output.details)
+    };
+    let shared = Decided::default();
+    let first = apply(&original, &shared);
+    let rerun = apply(&windowed, &shared);
+    assert!(shared.tools.get().is_some());
+    assert_eq!(first, apply(&original, &Decided::default()));
+    assert_eq!(rerun, apply(&windowed, &Decided::default()));
+    // The definition goes before the call in each run's own messages.
+    let placed = |m: &Option<Vec<Message>>| inline::defined_in(m.as_deref().unwrap_or(&[]));
+    assert_eq!(placed(&first.0), placed(&rerun.0));
+    assert_eq!(placed(&rerun.0).len(), 1);
+    assert_ne!(first.0, rerun.0);
 }

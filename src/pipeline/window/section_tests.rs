@@ -24,6 +24,7 @@ fn section_of(
         memo,
         sticky_categories: &[],
         original_messages: &request.messages,
+        decided: &Default::default(),
     };
     let (head, turns) = split_turns(&request.messages);
     build(head, &turns[..summarized.min(turns.len())], false, &cx)
@@ -168,6 +169,7 @@ fn the_answer_kept_verbatim_is_not_repeated_until_it_is_summarized() {
         memo: &memo,
         sticky_categories: &[],
         original_messages: &request.messages,
+        decided: &Default::default(),
     };
     let (head, turns) = split_turns(&request.messages);
     let kept = build(head, &turns[..1], true, &cx);
