@@ -23,8 +23,13 @@ struct Inner {
 
 impl SharedText {
     fn new(text: Box<str>) -> Self {
-        let digest = FixedState::with_seed(DIGEST_SEED).hash_one(&*text);
+        let digest = SharedText::digest_of(&text);
         SharedText(Arc::new(Inner { digest, text }))
+    }
+
+    /// The digest a `SharedText` of `text` has.
+    pub fn digest_of(text: &str) -> u64 {
+        FixedState::with_seed(DIGEST_SEED).hash_one(text)
     }
 
     pub fn as_str(&self) -> &str {

@@ -21,7 +21,7 @@ use super::recall;
 use super::stage::{Params, Stage, StageCx, StageName, StageOutput};
 use super::text::identifiers;
 use super::working_set::WorkingSet;
-use crate::openai::{ChatRequest, Content, Message, Nullable, Role, ToolCall};
+use crate::openai::{ChatRequest, Content, Message, Nullable, Role, SharedText, ToolCall};
 use crate::tokens::TokenCounter;
 
 mod listing;
@@ -86,17 +86,18 @@ impl Stage for CompactStage {
         let mut asked = AskedSoFar::default();
         // The new texts by index, in order; the messages are copied once, at the end, without
         // the texts they replace.
-        let mut replaced: Vec<(usize, String)> = Vec::new();
-        let mut replace = |index: usize, text: String| replaced.push((index, text));
+        let mut replaced: Vec<(usize, SharedText)> = Vec::new();
+        let mut replace = |index: usize, text: SharedText| replaced.push((index, text));
         for (n, &index) in results.iter().enumerate() {
             let call = call_of(&request.messages, index);
             let message = &request.messages[index];
-            let Some(text) = message.content.get().map(|c| c.text()) else {
+            let Some(result) = ResultText::of(message) else {
                 continue;
             };
+            let text = &result.text;
             let protected = working_set.contains(index);
             if protected {
-                let kept = working_set_result(&text, cx.config, cx.counter, cx.memo);
+                let kept = working_set_result(&result, cx.config, cx.counter, cx.memo);
                 if let Some((compacted, form)) = kept {
                     match form {
                         Form::Json => json_compacted += 1,
@@ -110,44 +111,50 @@ impl Stage for CompactStage {
                 let max_tokens = cx.config.compact.stub_max_tokens;
                 let before = &request.messages[..index];
                 // What the user asked plays a part only when the stub must be cut.
-                let start = stub_start(call, &text, max_tokens, cx.counter, cx.memo);
-                let cut;
-                let stub: &str = match &*start {
-                    StubStart::Whole(stub) => stub,
-                    StubStart::TooLong { label, read, held } => {
-                        let key = stub_key(call, &text, max_tokens, asked.hash(before), cx);
-                        cut = cx.memo.text(key, || {
-                            let task = TaskWords::of(before, call);
-                            cut_stub(label, read.tree(), held, max_tokens, &task, cx.counter)
-                        });
-                        &cut
+                let start = stub_start(call, &result, max_tokens, cx.counter, cx.memo);
+                let key = match &*start {
+                    StubStart::Whole(_) => stub_start_key(call, &result, max_tokens, cx.counter),
+                    StubStart::TooLong { .. } => {
+                        stub_key(call, &result, max_tokens, asked.hash(before), cx)
                     }
                 };
-                let stub = if recall {
-                    let handle = recall::handle_of(&text);
-                    let stub = with_handle(stub, &handle);
-                    handles.push(handle);
-                    stub
-                } else {
-                    stub.to_owned()
-                };
-                if stub.len() < text.len() {
-                    replace(index, stub);
+                // The stub as sent, its handle with it: every point and budget step of a
+                // conversation clears the same results again.
+                let sent_key = FixedState::with_seed(SENT_STUB_SEED).hash_one((key, recall));
+                let stub = cx.memo.value(sent_key, || {
+                    let cut;
+                    let stub: &str = match &*start {
+                        StubStart::Whole(stub) => stub,
+                        StubStart::TooLong { label, read, held } => {
+                            cut = cx.memo.text(key, || {
+                                let task = TaskWords::of(before, call);
+                                cut_stub(label, read.tree(), held, max_tokens, &task, cx.counter)
+                            });
+                            &cut
+                        }
+                    };
+                    match recall.then(|| recall::handle_of(text)) {
+                        Some(handle) => SentStub(with_handle(stub, &handle).into(), Some(handle)),
+                        None => SentStub(stub.into(), None),
+                    }
+                });
+                if stub.0.len() < text.len() {
+                    replace(index, stub.0.clone());
+                    handles.extend(stub.1.clone());
                     cleared += 1;
-                } else if recall {
-                    handles.pop();
                 }
                 continue;
             }
             let max_tokens = cx.params.tool_result_max_tokens;
-            let tokens = cx.counter.text_recurring(&text);
+            let tokens = cx.counter.text_recurring(text);
             if tokens <= max_tokens {
                 // Within the configured cap too, the working-set form is the minified JSON,
                 // memoized: each point and budget step meets the same result again.
                 let json = if tokens <= cx.config.compact.tool_result_max_tokens {
-                    working_set_result(&text, cx.config, cx.counter, cx.memo).map(|(json, _)| json)
+                    working_set_result(&result, cx.config, cx.counter, cx.memo)
+                        .map(|(json, _)| json)
                 } else {
-                    minified(&text)
+                    minified(text).map(SharedText::from)
                 };
                 if let Some(json) = json {
                     json_compacted += 1;
@@ -155,21 +162,25 @@ impl Stage for CompactStage {
                 }
                 continue;
             }
-            let cut = cut_result(call, &text, max_tokens, cx);
+            let cut = cut_result(call, &result, max_tokens, cx);
             match cut.1 {
                 Form::Json => json_compacted += 1,
                 Form::Text => text_compacted += 1,
             }
-            let mut compacted = cut.0.clone();
-            if recall {
-                let handle = recall::handle_of(&text);
-                compacted.push_str(&recall::cut_note(&handle));
-                if compacted.len() < text.len() {
-                    handles.push(handle);
+            if !recall {
+                if cut.0.len() < text.len() {
+                    replace(index, cut.0.clone());
                 }
+                continue;
             }
-            if compacted.len() < text.len() {
-                replace(index, compacted);
+            let handle = recall::handle_of(text);
+            let note = recall::cut_note(&handle);
+            if cut.0.len() + note.len() < text.len() {
+                let mut compacted = String::with_capacity(cut.0.len() + note.len());
+                compacted.push_str(&cut.0);
+                compacted.push_str(&note);
+                replace(index, compacted.into());
+                handles.push(handle);
             }
         }
         let messages = (!replaced.is_empty()).then(|| {
@@ -211,22 +222,60 @@ pub(super) enum Form {
 /// without losing a field or an identifier (only nulls, empty values and long prose go).
 /// `None` when it is sent as it is.
 pub(super) fn working_set_result(
-    text: &str,
+    result: &ResultText<'_>,
     config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
-) -> Option<(String, Form)> {
+) -> Option<(SharedText, Form)> {
     let compact = &config.compact;
     let key = FixedState::with_seed(WORKING_SET_SEED).hash_one((
-        text,
+        result.digest,
         compact.tool_result_max_tokens,
         compact.max_string_chars,
         counter.encoding(),
     ));
     let kept = memo.value(key, || {
-        WorkingSetForm(lossless(text, config, counter, memo))
+        WorkingSetForm(
+            lossless(&result.text, config, counter, memo).map(|(text, form)| (text.into(), form)),
+        )
     });
     kept.0.clone()
+}
+
+/// A tool result's text, with the digest that the memo keys of its forms read: a plain
+/// string's was taken when it was read, so a result met again at every point and budget step
+/// is not hashed again.
+pub(super) struct ResultText<'a> {
+    text: std::borrow::Cow<'a, str>,
+    digest: u64,
+}
+
+impl<'a> ResultText<'a> {
+    fn of(message: &'a Message) -> Option<ResultText<'a>> {
+        match message.content.get()? {
+            Content::Text(text) => Some(ResultText {
+                text: std::borrow::Cow::Borrowed(text.as_str()),
+                digest: text.digest(),
+            }),
+            parts => {
+                let text = parts.text();
+                let digest = SharedText::digest_of(&text);
+                Some(ResultText { text, digest })
+            }
+        }
+    }
+}
+
+/// Seed of the memo keys of the stubs as sent.
+const SENT_STUB_SEED: u64 = 0x7365_6e74_7374_0001;
+
+/// A cleared result's stub as sent, and the handle it names (with the recall tool).
+struct SentStub(SharedText, Option<String>);
+
+impl crate::bounded::Weigh for SentStub {
+    fn heap_bytes(&self) -> usize {
+        self.0.len() + self.1.as_ref().map_or(0, String::capacity)
+    }
 }
 
 /// A result over `max_tokens` outside the working set, cut to fit: its JSON compacted (the
@@ -234,14 +283,15 @@ pub(super) fn working_set_result(
 /// point of a conversation and every budget re-run cut the same results again.
 fn cut_result(
     call: Option<&ToolCall>,
-    text: &str,
+    result: &ResultText<'_>,
     max_tokens: usize,
     cx: &StageCx<'_>,
 ) -> Arc<CutForm> {
     let compact = &cx.config.compact;
     let extra = call.and_then(|c| compact.tool_fields.get(&c.function.name));
+    let text: &str = &result.text;
     let key = FixedState::with_seed(CUT_SEED).hash_one((
-        text,
+        result.digest,
         max_tokens,
         cx.params.max_string_chars,
         &compact.keep_fields,
@@ -254,7 +304,7 @@ fn cut_result(
         // What is under an envelope is compacted, not the envelope's one long string.
         match &*read_result(text, cx.memo) {
             Read::Tree(value) => CutForm(
-                compact_json_to_fit(value, &keep, max_tokens, cx.params, cx.counter),
+                compact_json_to_fit(value, &keep, max_tokens, cx.params, cx.counter).into(),
                 Form::Json,
             ),
             Read::Text(inner) => CutForm(
@@ -263,7 +313,8 @@ fn cut_result(
                     max_tokens,
                     MAX_OMITTED_IDS,
                     cx.counter,
-                ),
+                )
+                .into(),
                 Form::Text,
             ),
         }
@@ -316,11 +367,11 @@ fn read_result(text: &str, memo: &Memo) -> Arc<Read> {
 const CUT_SEED: u64 = 0x6375_7472_6573_0001;
 
 /// A cut result and what it was read as.
-struct CutForm(String, Form);
+struct CutForm(SharedText, Form);
 
 impl crate::bounded::Weigh for CutForm {
     fn heap_bytes(&self) -> usize {
-        self.0.capacity()
+        self.0.len()
     }
 }
 
@@ -329,11 +380,11 @@ const WORKING_SET_SEED: u64 = 0x776f_726b_7365_7401;
 
 /// A result's working-set form, memoized: the budget stage reruns compaction, and a
 /// conversation's later requests append the same results again.
-struct WorkingSetForm(Option<(String, Form)>);
+struct WorkingSetForm(Option<(SharedText, Form)>);
 
 impl crate::bounded::Weigh for WorkingSetForm {
     fn heap_bytes(&self) -> usize {
-        self.0.as_ref().map_or(0, |(text, _)| text.capacity())
+        self.0.as_ref().map_or(0, |(text, _)| text.len())
     }
 }
 
@@ -408,8 +459,8 @@ pub(super) fn appended(
     if !config.compact.enabled || !matches!(message.role, Role::Tool | Role::Function) {
         return None;
     }
-    let text = message.content.get().map(|c| c.text())?;
-    let (compacted, _) = working_set_result(&text, config, counter, memo)?;
+    let result = ResultText::of(message)?;
+    let (compacted, _) = working_set_result(&result, config, counter, memo)?;
     Some(with_text(message, compacted))
 }
 
@@ -423,14 +474,14 @@ pub(super) fn minified_result(message: &Message) -> Option<Message> {
     let Nullable::Value(Content::Text(text)) = &message.content else {
         return None;
     };
-    Some(with_text(message, minified(text)?))
+    Some(with_text(message, minified(text)?.into()))
 }
 
 /// A copy of `message` with `text` as its content, its old content not copied.
-fn with_text(message: &Message, text: String) -> Message {
+fn with_text(message: &Message, text: SharedText) -> Message {
     Message {
         role: message.role.clone(),
-        content: Nullable::Value(Content::Text(text.into())),
+        content: Nullable::Value(Content::Text(text)),
         name: message.name.clone(),
         tool_calls: message.tool_calls.clone(),
         tool_call_id: message.tool_call_id.clone(),
@@ -515,7 +566,7 @@ impl AskedSoFar {
 /// and the encoding.
 fn stub_key(
     call: Option<&ToolCall>,
-    text: &str,
+    result: &ResultText<'_>,
     max_tokens: usize,
     asked: u64,
     cx: &StageCx<'_>,
@@ -527,7 +578,7 @@ fn stub_key(
     asked.hash(&mut hasher);
     call.map(|c| (&c.function.name, &c.function.arguments))
         .hash(&mut hasher);
-    text.hash(&mut hasher);
+    result.digest.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -584,20 +635,29 @@ const STUB_START_SEED: u64 = 0x7374_7562_0000_0002;
 /// `start_of_stub`, memoized by the call, the result and the cap.
 fn stub_start(
     call: Option<&ToolCall>,
-    text: &str,
+    result: &ResultText<'_>,
     max_tokens: usize,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Arc<StubStart> {
-    let key = FixedState::with_seed(STUB_START_SEED).hash_one((
-        call.map(|c| (&c.function.name, &c.function.arguments)),
-        text,
-        max_tokens,
-        counter.encoding(),
-    ));
-    memo.value(key, || {
+    let text: &str = &result.text;
+    memo.value(stub_start_key(call, result, max_tokens, counter), || {
         start_of_stub(call, text, &read_result(text, memo), max_tokens, counter)
     })
+}
+
+fn stub_start_key(
+    call: Option<&ToolCall>,
+    result: &ResultText<'_>,
+    max_tokens: usize,
+    counter: &TokenCounter,
+) -> u64 {
+    FixedState::with_seed(STUB_START_SEED).hash_one((
+        call.map(|c| (&c.function.name, &c.function.arguments)),
+        result.digest,
+        max_tokens,
+        counter.encoding(),
+    ))
 }
 
 /// What every cut stub of a call's result starts with.
