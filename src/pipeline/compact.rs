@@ -4,7 +4,8 @@
 //! middle listed. Old results become a one-line stub. Values are copied, never paraphrased:
 //! cuts happen only at whitespace, line or item boundaries, so no kept identifier changes.
 
-use std::collections::HashSet;
+// foldhash: the sets here are read for membership only, and SipHash was a tenth of compaction.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -1042,7 +1043,7 @@ fn distinct(ids: Vec<String>, max: usize) -> Vec<String> {
 struct Distinct {
     max: usize,
     seen: HashSet<String>,
-    shapes: std::collections::HashMap<String, usize>,
+    shapes: HashMap<String, usize>,
     kept: Vec<String>,
 }
 
@@ -1051,7 +1052,7 @@ impl Distinct {
         Distinct {
             max,
             seen: HashSet::new(),
-            shapes: std::collections::HashMap::new(),
+            shapes: HashMap::new(),
             kept: Vec::new(),
         }
     }

@@ -2,8 +2,8 @@
 //! cut: the names that share words with what the user asked go first, so a catalog of 300
 //! actions keeps the dozen the task is about instead of the first forty. Pure.
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::cell::OnceCell;
-use std::collections::HashSet;
 
 use serde_json::Value;
 
@@ -69,51 +69,68 @@ impl<'a> TaskWords<'a> {
 /// with the task, each from the most inclusive: one candidate per share that some name
 /// reaches, most names first. None when no listing has a name the task says.
 pub(super) fn cut_to_task(value: &Value, task: &TaskWords<'_>) -> Vec<Value> {
-    let mut shares = Vec::new();
+    // Each name's share, read once for every cut made.
+    let mut shares = Shares::new();
     collect_shares(value, task, &mut shares);
-    shares.retain(|&s| s > 0.0);
-    shares.sort_by(|a, b| a.total_cmp(b));
-    shares.dedup();
-    shares
+    let mut levels: Vec<f64> = shares.values().copied().filter(|&s| s > 0.0).collect();
+    levels.sort_by(|a, b| a.total_cmp(b));
+    levels.dedup();
+    let cuts = Cut { task, shares };
+    levels
         .into_iter()
-        .map(|min_share| kept(value, task, min_share))
+        .map(|min_share| kept(value, &cuts, min_share))
         .collect()
 }
 
-fn collect_shares(value: &Value, task: &TaskWords<'_>, out: &mut Vec<f64>) {
+/// The share of each name of a value's listings.
+type Shares<'v> = HashMap<&'v str, f64>;
+
+/// What a cut reads: the shares already read, and the task for a name they miss.
+struct Cut<'t, 'v> {
+    task: &'t TaskWords<'t>,
+    shares: Shares<'v>,
+}
+
+impl Cut<'_, '_> {
+    fn share(&self, name: &str) -> f64 {
+        self.shares
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| self.task.share(name))
+    }
+}
+
+fn collect_shares<'v>(value: &'v Value, task: &TaskWords<'_>, out: &mut Shares<'v>) {
     match value {
         Value::Object(map) => map.values().for_each(|v| collect_shares(v, task, out)),
         Value::Array(items) if is_listing(items) => {
-            out.extend(
-                items
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(|n| task.share(n)),
-            );
+            for name in items.iter().filter_map(Value::as_str) {
+                out.entry(name).or_insert_with(|| task.share(name));
+            }
         }
         Value::Array(items) => items.iter().for_each(|v| collect_shares(v, task, out)),
         _ => {}
     }
 }
 
-fn kept(value: &Value, task: &TaskWords<'_>, min_share: f64) -> Value {
+fn kept(value: &Value, cut: &Cut<'_, '_>, min_share: f64) -> Value {
     // A copy cut in place: cloning a map copies its table, collecting one hashes every key.
     let mut kept = value.clone();
-    cut_listings(&mut kept, task, min_share);
+    cut_listings(&mut kept, cut, min_share);
     kept
 }
 
-fn cut_listings(value: &mut Value, task: &TaskWords<'_>, min_share: f64) {
+fn cut_listings(value: &mut Value, cut: &Cut<'_, '_>, min_share: f64) {
     match value {
         Value::Object(map) => map
             .values_mut()
-            .for_each(|v| cut_listings(v, task, min_share)),
+            .for_each(|v| cut_listings(v, cut, min_share)),
         Value::Array(items) if is_listing(items) => {
-            items.retain(|item| item.as_str().is_some_and(|n| task.share(n) >= min_share));
+            items.retain(|item| item.as_str().is_some_and(|n| cut.share(n) >= min_share));
         }
         Value::Array(items) => items
             .iter_mut()
-            .for_each(|v| cut_listings(v, task, min_share)),
+            .for_each(|v| cut_listings(v, cut, min_share)),
         _ => {}
     }
 }
