@@ -102,7 +102,7 @@ pub struct StageCx<'a> {
 /// rewrite: the budget's re-runs of the stages read it instead of deciding again.
 #[derive(Default)]
 pub struct Decided {
-    pub tools: std::cell::OnceCell<super::tools::Decision>,
+    pub tools: std::cell::OnceCell<super::tools::decision::Decision>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description

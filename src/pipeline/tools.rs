@@ -14,14 +14,16 @@
 //!
 //! The parts: `classify.rs` scores the categories of a turn's words, `block.rs` decides the
 //! block of the first turn, `inline.rs` places the definitions of later needs in the messages,
-//! `report.rs` is the stage's account, `append.rs` is what `prefix.rs` reads of the stage, and
-//! `chain.rs` is the block a chained Responses request sends (`seen.rs`).
+//! `report.rs` is the stage's account, `decision.rs` what one rewrite's runs share of it,
+//! `append.rs` is what `prefix.rs` reads of the stage, and `chain.rs` is the block a chained
+//! Responses request sends (`seen.rs`).
 
 pub mod append;
 mod block;
 pub(crate) mod catalog;
 pub mod chain;
 mod classify;
+pub(super) mod decision;
 pub mod inline;
 pub mod report;
 pub mod stubs;
@@ -40,6 +42,7 @@ use crate::openai::{ChatRequest, Message, Tool};
 use block::{chosen_tool, demanded_call, first_point, first_turn_block, is_small_block};
 use catalog::tool_name;
 use classify::turn_scores;
+use decision::Decision;
 use inline::{Placed, later_needs, placed_definitions};
 use report::{CategoryScore, Classified, ToolsDetails};
 use stubs::ToolForm;
@@ -98,18 +101,6 @@ impl Stage for ToolsStage {
     fn structural(&self) -> bool {
         true
     }
-}
-
-/// What the stage decides from the client's tools, `tool_choice` and messages, which no budget
-/// step changes: made once per rewrite (`Decided`).
-pub struct Decision {
-    /// The block sent.
-    kept: Vec<Tool>,
-    details: ToolsDetails,
-    /// The definitions placed in the messages, each at the client's message it goes before.
-    placed: Vec<(usize, Message)>,
-    /// The client's block is sent as it is, and nothing is placed.
-    unchanged: bool,
 }
 
 fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
