@@ -98,6 +98,28 @@ pub struct StageCx<'a> {
     pub decided: &'a Decided,
 }
 
+#[cfg(test)]
+impl<'a> StageCx<'a> {
+    /// A stage's context for a test: `original` as the client's messages, no sticky categories.
+    pub fn test(
+        (config, params): (&'a PipelineConfig, &'a Params),
+        counter: &'a TokenCounter,
+        memo: &'a Memo,
+        original: &'a [Message],
+        decided: &'a Decided,
+    ) -> StageCx<'a> {
+        StageCx {
+            config,
+            params,
+            counter,
+            memo,
+            sticky_categories: &[],
+            original_messages: original,
+            decided,
+        }
+    }
+}
+
 /// What a stage decides from the client's request alone (not from `Params`), made once per
 /// rewrite: the budget's re-runs of the stages read it instead of deciding again.
 #[derive(Default)]

@@ -16,15 +16,9 @@ fn run_batched(request: &ChatRequest, batch: usize) -> Option<Vec<Message>> {
     config.compact.clear_at_least_tokens = batch;
     let params = Params::from_config(&config);
     let counter = TokenCounter::new(Encoding::O200kBase);
-    let cx = StageCx {
-        config: &config,
-        params: &params,
-        counter: &counter,
-        memo: &crate::pipeline::Memo::default(),
-        sticky_categories: &[],
-        original_messages: &request.messages,
-        decided: &Default::default(),
-    };
+    let (memo, decided) = (crate::pipeline::Memo::default(), Default::default());
+    let messages = &request.messages;
+    let cx = StageCx::test((&config, &params), &counter, &memo, messages, &decided);
     CompactStage.apply(request, &cx).messages
 }
 

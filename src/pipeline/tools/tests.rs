@@ -13,6 +13,16 @@ fn tool(name: &str, description: &str) -> Value {
         "parameters": {"type": "object", "properties": {}}}})
 }
 
+/// Settings under which a few short tools are classified: no block is too small to filter, no
+/// definition too short to stub, and one keyword selects a category.
+fn small_lists() -> PipelineConfig {
+    let mut config = PipelineConfig::default();
+    config.tools.min_tool_tokens = 0;
+    config.tools.min_stub_tokens = 0;
+    config.tools.min_score = 1.0;
+    config
+}
+
 fn offered() -> Vec<Value> {
     vec![
         tool("calendar_create_event", "Create a meeting in the calendar."),
@@ -45,12 +55,9 @@ fn sent_from(
         body.extend(extra.clone());
     }
     let request: ChatRequest = serde_json::from_value(body).unwrap();
-    let mut config = PipelineConfig::default();
     // These lists are small: the classifier is what these tests look at, and what it
     // leaves out is removed (stubs have tests of their own).
-    config.tools.min_tool_tokens = 0;
-    config.tools.min_stub_tokens = 0;
-    config.tools.min_score = 1.0;
+    let mut config = small_lists();
     config.tools.left_out = LeftOut::Remove;
     config.tools.on_no_match = OnNoMatch::DropAll;
     // The recall tool is the proxy's, not the classifier's (tests in `recall.rs`).
@@ -207,21 +214,15 @@ fn the_classifier_reads_what_the_client_sent_not_the_window() {
     let windowed: ChatRequest = serde_json::from_value(json!({"model": "gpt-4o",
         "messages": [{"role": "user", "content": "yes"}], "tools": offered()}))
     .unwrap();
-    let mut config = PipelineConfig::default();
-    config.tools.min_tool_tokens = 0;
-    config.tools.min_stub_tokens = 0;
-    config.tools.min_score = 1.0;
+    let mut config = small_lists();
     config.tools.left_out = LeftOut::Remove;
     let counter = TokenCounter::new(Encoding::O200kBase);
-    let cx = StageCx {
-        config: &config,
-        params: &crate::pipeline::Params::from_config(&config),
-        counter: &counter,
-        memo: &Memo::default(),
-        sticky_categories: &[],
-        original_messages: &original,
-        decided: &Default::default(),
-    };
+    let (params, memo) = (
+        crate::pipeline::Params::from_config(&config),
+        Memo::default(),
+    );
+    let decided = Decided::default();
+    let cx = StageCx::test((&config, &params), &counter, &memo, &original, &decided);
     let kept = ToolsStage.apply(&windowed, &cx).tools.unwrap();
     let names: Vec<&str> = kept.iter().filter_map(tool_name).collect();
     // The calendar from the first turn; email from the answered question (with
@@ -239,10 +240,7 @@ fn the_classifier_reads_what_the_client_sent_not_the_window() {
 
 #[test]
 fn a_conversations_tool_block_only_grows() {
-    let mut config = PipelineConfig::default();
-    config.tools.min_tool_tokens = 0;
-    config.tools.min_stub_tokens = 0;
-    config.tools.min_score = 1.0;
+    let config = small_lists();
     let counter = TokenCounter::new(Encoding::O200kBase);
     let memo = Memo::default();
     let turns = [
@@ -260,15 +258,10 @@ fn a_conversations_tool_block_only_grows() {
             json!({"model": "gpt-4o", "messages": messages, "tools": offered()}),
         )
         .unwrap();
-        let cx = StageCx {
-            config: &config,
-            params: &crate::pipeline::Params::from_config(&config),
-            counter: &counter,
-            memo: &memo,
-            sticky_categories: &[],
-            original_messages: &request.messages,
-            decided: &Default::default(),
-        };
+        let params = crate::pipeline::Params::from_config(&config);
+        let decided = Decided::default();
+        let original = &request.messages;
+        let cx = StageCx::test((&config, &params), &counter, &memo, original, &decided);
         let output = ToolsStage.apply(&request, &cx);
         let sent: Vec<String> = output
             .tools
@@ -393,25 +386,15 @@ fn a_budget_rerun_reads_the_decision_and_places_it_in_its_own_window() {
     let original = request(&messages);
     // A tighter budget step's window: the last turn only.
     let windowed = request(&messages[2..]);
-    let mut config = PipelineConfig::default();
-    config.tools.min_tool_tokens = 0;
-    config.tools.min_stub_tokens = 0;
-    config.tools.min_score = 1.0;
+    let mut config = small_lists();
     config.tools.left_out = LeftOut::Stub;
     config.tools.on_no_match = OnNoMatch::Stub;
     let counter = TokenCounter::new(Encoding::O200kBase);
     let memo = Memo::default();
     let params = crate::pipeline::Params::from_config(&config);
     let apply = |input: &ChatRequest, decided: &Decided| {
-        let cx = StageCx {
-            config: &config,
-            params: &params,
-            counter: &counter,
-            memo: &memo,
-            sticky_categories: &[],
-            original_messages: &original.messages,
-            decided,
-        };
+        let messages = &original.messages;
+        let cx = StageCx::test((&config, &params), &counter, &memo, messages, decided);
         let output = ToolsStage.apply(input, &cx);
         (output.messages, output.tools, output.details)
     };

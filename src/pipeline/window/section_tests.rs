@@ -17,15 +17,14 @@ fn section_of(
 ) -> Section {
     let params = Params::from_config(config);
     let counter = TokenCounter::new(Encoding::O200kBase);
-    let cx = StageCx {
-        config,
-        params: &params,
-        counter: &counter,
+    let decided = Default::default();
+    let cx = StageCx::test(
+        (config, &params),
+        &counter,
         memo,
-        sticky_categories: &[],
-        original_messages: &request.messages,
-        decided: &Default::default(),
-    };
+        &request.messages,
+        &decided,
+    );
     let (head, turns) = split_turns(&request.messages);
     build(head, &turns[..summarized.min(turns.len())], false, &cx)
 }
@@ -162,15 +161,9 @@ fn the_answer_kept_verbatim_is_not_repeated_until_it_is_summarized() {
     let params = Params::from_config(&config);
     let counter = TokenCounter::new(Encoding::O200kBase);
     let memo = Memo::default();
-    let cx = StageCx {
-        config: &config,
-        params: &params,
-        counter: &counter,
-        memo: &memo,
-        sticky_categories: &[],
-        original_messages: &request.messages,
-        decided: &Default::default(),
-    };
+    let decided = Default::default();
+    let messages = &request.messages;
+    let cx = StageCx::test((&config, &params), &counter, &memo, messages, &decided);
     let (head, turns) = split_turns(&request.messages);
     let kept = build(head, &turns[..1], true, &cx);
     assert!(!kept.text.contains("- assistant:"), "{}", kept.text);
