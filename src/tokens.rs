@@ -383,15 +383,35 @@ impl TokenCounter {
 }
 
 /// Feeds what a message says (role, name, content, tool calls, tool call id) to `hasher`:
-/// the key of memos over messages.
+/// the key of memos over messages. A text goes in as its digest, taken once per text: a
+/// message is hashed again at every stage and point.
 pub fn hash_message(message: &Message, hasher: &mut impl Hasher) {
+    hash_message_with(message, hasher, TextBy::Digest);
+}
+
+/// `hash_message` with each text's bytes instead of its digest: for digests kept beyond the
+/// process (the store's prefix states), which every version of ctxproxy must make alike.
+pub fn hash_message_stored(message: &Message, hasher: &mut impl Hasher) {
+    hash_message_with(message, hasher, TextBy::Bytes);
+}
+
+/// How a message's text goes into its hash.
+#[derive(Clone, Copy)]
+enum TextBy {
+    Digest,
+    Bytes,
+}
+
+fn hash_message_with(message: &Message, hasher: &mut impl Hasher, text_by: TextBy) {
     message.role.as_str().hash(hasher);
     message.name.get().hash(hasher);
     match message.content.get() {
         Some(Content::Text(text)) => {
             0u8.hash(hasher);
-            // Taken once per text: a message is hashed again at every stage and point.
-            text.digest().hash(hasher);
+            match text_by {
+                TextBy::Digest => text.digest().hash(hasher),
+                TextBy::Bytes => text.as_str().hash(hasher),
+            }
         }
         Some(Content::Parts(parts)) => {
             1u8.hash(hasher);

@@ -32,7 +32,7 @@ use super::tools::append::{
 use super::working_set::WorkingSet;
 use super::{Env, Rewrite, with_messages};
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
-use crate::tokens::hash_message;
+use crate::tokens::{hash_message, hash_message_stored};
 
 /// What the store remembers of a conversation: as of the request that sent its first `as_of`
 /// messages (whose history and settings hash to `digest`), the rewrite was last rebuilt whole
@@ -406,9 +406,10 @@ fn points(messages: &[Message], settings: u64) -> Vec<Point> {
 
 /// Feeds everything of a message to `hasher`: what `hash_message` reads, and the fields a
 /// rewrite copies without reading (ids of tool calls, fields ctxproxy does not know), since a
-/// memoized rewrite is reused by any request whose points hash the same.
+/// memoized rewrite is reused by any request whose points hash the same. Texts go in by their
+/// bytes: the digests of points are kept in the store, for replicas of any version.
 fn hash_exactly(message: &Message, hasher: &mut impl Hasher) {
-    hash_message(message, hasher);
+    hash_message_stored(message, hasher);
     let extra = |extra: &crate::openai::Extra, hasher: &mut _| {
         if !extra.is_empty() {
             serde_json::to_string(extra)
@@ -683,6 +684,26 @@ mod tests {
             reinforcement: None,
             remembered,
         }
+    }
+
+    #[test]
+    fn a_stored_state_digests_as_every_version_before() {
+        // Replicas of another version read and write the same states in the store: a change
+        // here is a change of what is stored (bump `VERSION` with it, deliberately).
+        let mut previous = synthetic::autonomous_agent(12).unwrap();
+        previous.messages.truncate(previous.messages.len() - 2);
+        let (config, counter, memo) = (
+            PipelineConfig::default(),
+            TokenCounter::new(Encoding::O200kBase),
+            Memo::default(),
+        );
+        let env = Env {
+            budget: 10_000_000,
+            ..env(&config, &counter, &memo, None)
+        };
+        let remember = run(&previous, &env).remember.unwrap();
+        assert_eq!((remember.anchor, remember.as_of), (24, 24));
+        assert_eq!(remember.digest, 9_922_026_197_369_008_435);
     }
 
     /// The reasons of the rebuilt rewrites of a conversation replayed with `budget`.
