@@ -162,6 +162,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         tools_fixed: sends_block_whole(request, env.config, env.counter),
         reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
         appended: vec![std::cell::OnceCell::new(); request.messages.len()],
+        made: std::cell::RefCell::new(Vec::new()),
     };
 
     // Resume from the latest earlier point whose state is known: memoized here, or remembered.
@@ -190,22 +191,23 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         from = current;
     }
     // The earlier points since then, each decided as it was when it was the last request.
-    for k in from..current {
+    for (k, point) in points.iter().enumerate().take(current).skip(from) {
         let decided = match anchor {
             None => k,
-            Some(a) => match cx.rebuild(a, k, &|| whole_at(request, &points, k, env)) {
+            Some(a) => match cx.rebuild(a, k, &|| cx.whole_at(k)) {
                 Some(_) => k,
                 None => a,
             },
         };
+        cx.keep_made(decided);
         anchor = Some(decided);
-        memo.value(points[k].digest ^ STATE_SEED, || decided);
+        memo.value(point.digest ^ STATE_SEED, || decided);
     }
 
     // The request itself: its whole rewrite is made only when rebuilding could pay (memoized:
     // the same request again costs no pipeline run).
     let whole = std::cell::OnceCell::new();
-    let whole_now = || whole.get_or_init(|| rewrite_at(request, &points, current, env));
+    let whole_now = || whole.get_or_init(|| cx.rewrite_at(current));
     let rebuilt = match anchor {
         None if long_history => Some(Rebuilt::LongHistory),
         None => Some(Rebuilt::First),
@@ -233,7 +235,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         });
         rewrite
     } else {
-        let anchored = rewrite_at(request, &points, anchor, env);
+        let anchored = cx.rewrite_at(anchor);
         let mut rewrite = appended(&anchored, request, points[anchor].len, env);
         // Where the client's block is sent as it is, the two differ by the recall tool at
         // most, and the anchor's block is the one its messages need.
@@ -296,6 +298,9 @@ struct Decide<'a> {
     /// Each message's tokens as appended, by index, once known: a cold request's points sum
     /// the same messages many times, and each sum would hash the message again.
     appended: Vec<std::cell::OnceCell<usize>>,
+    /// Whole rewrites this request made for earlier points, each with its point, while that
+    /// point may still be the anchor (`Decide::whole_at`).
+    made: std::cell::RefCell<Vec<(usize, Rewrite)>>,
 }
 
 /// Tokens a whole rewrite may save below the sum of its parts' own counts (a system message's
@@ -306,8 +311,8 @@ impl Decide<'_> {
     /// Whether the point `k` rebuilds its rewrite whole instead of appending to the anchor
     /// `a`'s; `whole_k` makes the whole rewrite's summary, only when the floor leaves it open.
     fn rebuild(&self, a: usize, k: usize, whole_k: &dyn Fn() -> Whole) -> Option<Rebuilt> {
-        let (request, points, env) = (self.request, self.points, self.env);
-        let anchored = whole_at(request, points, a, env);
+        let (points, env) = (self.points, self.env);
+        let anchored = self.whole_at(a);
         let appended = anchored.tokens
             + (points[a].len..points[k].len)
                 .map(|i| self.appended_at(i))
@@ -347,6 +352,45 @@ impl Decide<'_> {
         }
         let over = budget_on && appended > env.budget;
         (over && whole.fits).then_some(Rebuilt::Budget)
+    }
+
+    /// What the decisions read of the whole rewrite at point `k`, memoized (the rewrite itself
+    /// is memoized only for a point that a request appends to: `rewrite_at`). A rewrite made
+    /// here is kept until the decisions leave its point behind (`keep_made`): the point that
+    /// becomes the anchor is the one the request then appends to, and it is not made twice.
+    fn whole_at(&self, k: usize) -> Whole {
+        let (request, points, env) = (self.request, self.points, self.env);
+        *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
+            let known = env.memo.peek_rewrite(points[k].digest ^ REWRITE_SEED);
+            match known {
+                Some(rewrite) => summary(&rewrite),
+                None => {
+                    let rewrite = whole_of(request, points, k, env);
+                    let whole = summary(&rewrite);
+                    self.made.borrow_mut().push((k, rewrite));
+                    whole
+                }
+            }
+        })
+    }
+
+    /// Drops the rewrites made for points other than the anchor `anchor`.
+    fn keep_made(&self, anchor: usize) {
+        self.made.borrow_mut().retain(|(k, _)| *k == anchor);
+    }
+
+    /// The whole rewrite at point `k`, memoized: the one `whole_at` made, when it did.
+    fn rewrite_at(&self, k: usize) -> Arc<Rewrite> {
+        let (request, points, env) = (self.request, self.points, self.env);
+        let made = {
+            let mut made = self.made.borrow_mut();
+            made.iter()
+                .position(|(j, _)| *j == k)
+                .map(|at| made.swap_remove(at).1)
+        };
+        env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
+            made.unwrap_or_else(|| whole_of(request, points, k, env))
+        })
     }
 
     /// The tokens of the request's message `index` as it is appended.
@@ -524,25 +568,6 @@ fn env_at<'b>(
         sticky_categories: sticky,
         ..*env
     }
-}
-
-/// What the decisions read of the whole rewrite at point `k`, memoized (the rewrite itself is
-/// kept only for a point that a request appends to: `rewrite_at`).
-fn whole_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Whole {
-    *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
-        let known = env.memo.peek_rewrite(points[k].digest ^ REWRITE_SEED);
-        match known {
-            Some(rewrite) => summary(&rewrite),
-            None => summary(&whole_of(request, points, k, env)),
-        }
-    })
-}
-
-/// The whole rewrite at point `k`, memoized (the rewrite a conversation appends to).
-fn rewrite_at(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Arc<Rewrite> {
-    env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
-        whole_of(request, points, k, env)
-    })
 }
 
 /// The whole rewrite of the request as it was at point `k`.
