@@ -179,19 +179,18 @@ fn step(previous: &State, head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>
     }
     // The same lines the section showed after the turn before, when its answer was not kept.
     let answer = before.last().map(tail).unwrap_or_default();
-    let answer_lines = ledger_lines(&answer, &next.shown, cap, cx);
+    let answer_block = block(&answer, &next.shown, cap, cx);
     let tokens_before = next.tokens;
     let mut after_answer = next;
-    append(&mut after_answer, &answer_lines, &answer, cx);
-    let body = body(turn);
-    let body_lines = ledger_lines(&body, &after_answer.shown, cap, cx);
-    let tokens = lines_tokens(&answer_lines, cx) + lines_tokens(&body_lines, cx);
-    if tokens_before + tokens > fold_at(cx) {
+    let answer_tokens = answer_block.tokens;
+    append(&mut after_answer, answer_block);
+    let body_block = block(&body(turn), &after_answer.shown, cap, cx);
+    if tokens_before + answer_tokens + body_block.tokens > fold_at(cx) {
         let mut folded = fold(head, older, cx);
         folded.folds = previous.folds + 1;
         return folded;
     }
-    append(&mut after_answer, &body_lines, &body, cx);
+    append(&mut after_answer, body_block);
     after_answer
 }
 
@@ -212,8 +211,8 @@ fn fold(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> State {
     let mut removed = removed_of(before);
     removed.extend(body(last));
     let cap = cx.config.window.ledger_max_tokens;
-    let lines = ledger_lines(&removed, &state.shown, cap, cx);
-    append(&mut state, &lines, &removed, cx);
+    let block = block(&removed, &state.shown, cap, cx);
+    append(&mut state, block);
     state
 }
 
@@ -265,42 +264,87 @@ fn ledger_lines(
     if max_tokens == 0 || removed.is_empty() {
         return Vec::new();
     }
-    let all_ids: Vec<Arc<[String]>> = removed.iter().map(|(_, m)| message_ids(m, cx)).collect();
+    let ids = removed_ids(removed, cx);
+    ledger::lines(
+        removed,
+        shown,
+        &mentions(removed, &ids),
+        max_tokens,
+        cx.counter,
+        cx.memo,
+    )
+}
+
+/// The identifiers of each message of `removed`.
+fn removed_ids(removed: &[(usize, &Message)], cx: &StageCx<'_>) -> Vec<Arc<[String]>> {
+    removed.iter().map(|(_, m)| message_ids(m, cx)).collect()
+}
+
+/// Each identifier of `removed` (`ids`, message by message), with the last position that
+/// mentions it.
+fn mentions<'a>(removed: &[(usize, &Message)], ids: &'a [Arc<[String]>]) -> Mentions<'a> {
     let mut mentions = Mentions::with_capacity_and_hasher(
-        all_ids.iter().map(|ids| ids.len()).sum(),
+        ids.iter().map(|ids| ids.len()).sum(),
         Default::default(),
     );
-    for ((position, _), ids) in removed.iter().zip(&all_ids) {
+    for ((position, _), ids) in removed.iter().zip(ids) {
         for id in ids.iter() {
             mentions.insert(id.as_str(), *position);
         }
     }
-    ledger::lines(removed, shown, &mentions, max_tokens, cx.counter, cx.memo)
+    mentions
 }
 
-/// Appends ledger lines to a state, and the values they show to what it shows.
-fn append(state: &mut State, lines: &[String], removed: &[(usize, &Message)], cx: &StageCx<'_>) {
-    if lines.is_empty() {
-        return;
+/// A block of ledger lines, their tokens, and the values they show that were not shown.
+#[derive(Default)]
+struct Block {
+    lines: Vec<String>,
+    tokens: usize,
+    found: Vec<String>,
+}
+
+/// The block of `removed` given what the ledger so far shows: its lines (`ledger_lines`), and
+/// the identifiers of `removed` that they show whole.
+fn block(
+    removed: &[(usize, &Message)],
+    shown: &HashSet<String, foldhash::fast::RandomState>,
+    max_tokens: usize,
+    cx: &StageCx<'_>,
+) -> Block {
+    if max_tokens == 0 || removed.is_empty() {
+        return Block::default();
     }
-    let start = state.text.len();
-    for line in lines {
+    let ids = removed_ids(removed, cx);
+    let mentions = mentions(removed, &ids);
+    let lines = ledger::lines(removed, shown, &mentions, max_tokens, cx.counter, cx.memo);
+    if lines.is_empty() {
+        return Block::default();
+    }
+    let mut text = String::new();
+    for line in &lines {
+        push_line(&mut text, line);
+    }
+    let added = Shows::new(&text);
+    let found = mentions
+        .keys()
+        .filter(|value| !shown.contains(**value) && added.shows(value))
+        .map(|value| (*value).to_owned())
+        .collect();
+    Block {
+        tokens: lines_tokens(&lines, cx),
+        lines,
+        found,
+    }
+}
+
+/// Appends a block's lines to a state, and the values they show to what it shows.
+fn append(state: &mut State, block: Block) {
+    for line in &block.lines {
         push_line(&mut state.text, line);
     }
-    let added = Shows::new(&state.text[start..]);
-    let ids: Vec<Arc<[String]>> = removed.iter().map(|(_, m)| message_ids(m, cx)).collect();
-    let mut checked = ledger::Shown::default();
-    let found: Vec<String> = ids
-        .iter()
-        .flat_map(|ids| ids.iter())
-        .filter(|value| {
-            checked.insert(value.as_str()) && !state.shown.contains(*value) && added.shows(value)
-        })
-        .cloned()
-        .collect();
-    state.shown.extend(found);
-    state.tokens += lines_tokens(lines, cx);
-    state.lines += lines.len();
+    state.shown.extend(block.found);
+    state.tokens += block.tokens;
+    state.lines += block.lines.len();
 }
 
 fn push_line(text: &mut String, line: &str) {
