@@ -10,7 +10,10 @@ lines of one conversation are far apart and the cache model sees almost no share
 takes each conversation's longest snapshot (by its `conversation` in FILE.meta.jsonl) and writes
 the requests its history shows, as `ctxproxy`'s prefix replay names them: the messages before
 each assistant message that follows a user turn and another message, then the snapshot itself.
-Beside OUT it writes OUT's meta file (`conversation` per line), which both tools read. The
+Beside OUT it writes OUT's meta file (`conversation` per line), which both tools read, with
+`response_tool_names`: the tools the answer to each request called, read from the assistant
+message that follows it in the history (the snapshot's own from its meta line), so that
+`bench/cost.sh` bills the re-asks of calls to stubs on these files too. The
 requests are the client's own messages, cut; nothing is invented. Files are names in $DATA
 (../shared/data) or paths; read by path, never copied into the repository.
 """
@@ -37,6 +40,14 @@ def cuts(messages):
     return out + [len(messages)]
 
 
+def called(messages, length, recorded):
+    """The tools the answer to the request of the first `length` messages called."""
+    if length == len(messages):
+        return recorded.get("response_tool_names") or []
+    calls = messages[length].get("tool_calls") or []
+    return [c.get("function", {}).get("name") for c in calls if c.get("function", {}).get("name")]
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -49,15 +60,16 @@ def main():
     longest = {}
     for body, meta in zip(bodies, metas):
         key = meta["conversation"]
-        if key not in longest or len(body["messages"]) > len(longest[key]["messages"]):
-            longest[key] = body
+        if key not in longest or len(body["messages"]) > len(longest[key][0]["messages"]):
+            longest[key] = (body, meta)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     written = 0
     with open(out, "w") as requests, open(out[: -len(".jsonl")] + ".meta.jsonl", "w") as meta:
-        for key, body in longest.items():
-            for length in cuts(body["messages"]):
-                requests.write(json.dumps(dict(body, messages=body["messages"][:length])) + "\n")
-                meta.write(json.dumps({"conversation": key}) + "\n")
+        for key, (body, recorded) in longest.items():
+            messages = body["messages"]
+            for length in cuts(messages):
+                requests.write(json.dumps(dict(body, messages=messages[:length])) + "\n")
+                meta.write(json.dumps({"conversation": key, "response_tool_names": called(messages, length, recorded)}) + "\n")
                 written += 1
     print(f"{out}: {written} requests of {len(longest)} conversations")
 
