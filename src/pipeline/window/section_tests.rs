@@ -231,3 +231,47 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_block_adds_each_identifier_its_lines_show_and_the_ledger_did_not() {
+    let request = synthetic::conversation(12).unwrap();
+    let config = PipelineConfig::default();
+    let params = Params::from_config(&config);
+    let counter = TokenCounter::new(Encoding::O200kBase);
+    let memo = Memo::default();
+    let decided = Default::default();
+    let cx = StageCx::test(
+        (&config, &params),
+        &counter,
+        &memo,
+        &request.messages,
+        &decided,
+    );
+    let (_, turns) = split_turns(&request.messages);
+    let removed = removed_of(&turns[..8]);
+    let ids: Vec<String> = removed
+        .iter()
+        .flat_map(|(_, m)| message_ids(m, &cx).to_vec())
+        .collect();
+    // One value the ledger already shows.
+    let shown: HashSet<String, foldhash::fast::RandomState> = ids[..1].iter().cloned().collect();
+    let block = block(&removed, &shown, config.window.ledger_max_tokens, &cx);
+    assert!(!block.lines.is_empty());
+    assert_eq!(block.tokens, lines_tokens(&block.lines, &cx));
+
+    // Every occurrence of every identifier, checked one by one.
+    let mut text = String::new();
+    for line in &block.lines {
+        push_line(&mut text, line);
+    }
+    let added = Shows::new(&text);
+    let expected: HashSet<&str> = ids
+        .iter()
+        .filter(|v| !shown.contains(*v) && added.shows(v))
+        .map(String::as_str)
+        .collect();
+    let found: HashSet<&str> = block.found.iter().map(String::as_str).collect();
+    assert_eq!(found.len(), block.found.len(), "each value once");
+    assert_eq!(found, expected);
+    assert!(!found.is_empty() && !found.contains(ids[0].as_str()));
+}
