@@ -217,6 +217,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         (None, Some(a)) => a,
         _ => current,
     };
+    cx.keep_made(anchor);
     memo.value(points[current].digest ^ STATE_SEED, || anchor);
     let previous_tokens = current.checked_sub(1).map(|k| {
         let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
@@ -356,15 +357,21 @@ impl Decide<'_> {
 
     /// What the decisions read of the whole rewrite at point `k`, memoized (the rewrite itself
     /// is memoized only for a point that a request appends to: `rewrite_at`). A rewrite made
-    /// here is kept until the decisions leave its point behind (`keep_made`): the point that
-    /// becomes the anchor is the one the request then appends to, and it is not made twice.
+    /// here is kept, once per point, until the decisions leave its point behind (`keep_made`):
+    /// the point that becomes the anchor is the one the request then appends to, and it is not
+    /// made twice.
     fn whole_at(&self, k: usize) -> Whole {
         let (request, points, env) = (self.request, self.points, self.env);
         *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
             let known = env.memo.peek_rewrite(points[k].digest ^ REWRITE_SEED);
-            match known {
-                Some(rewrite) => summary(&rewrite),
-                None => {
+            // Made already by this request, its summary evicted since: read again, not made.
+            let made = (self.made.borrow().iter())
+                .find(|(j, _)| *j == k)
+                .map(|(_, rewrite)| summary(rewrite));
+            match (known, made) {
+                (Some(rewrite), _) => summary(&rewrite),
+                (None, Some(whole)) => whole,
+                (None, None) => {
                     let rewrite = whole_of(request, points, k, env);
                     let whole = summary(&rewrite);
                     self.made.borrow_mut().push((k, rewrite));
@@ -842,6 +849,30 @@ mod tests {
             .filter(|r| run(r, &env).report.prefix.and_then(|p| p.rebuilt) == Some(Rebuilt::Pays))
             .count();
         assert!(fewer < paid, "{fewer} vs {paid}");
+    }
+
+    /// A memo that keeps nothing: every value and rewrite is made again where it is needed.
+    fn forgetful_memo() -> Memo {
+        Memo::new(&crate::bounded::MemoryConfig {
+            memo_max_bytes: 1,
+            rewrites_max_bytes: 1,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_memo_that_keeps_nothing_gives_the_same_rewrites() {
+        // Every earlier point replayed cold reads its anchor's summary again; with nothing
+        // kept, the rewrite this request made for the anchor is read, not made once more.
+        let config = PipelineConfig::default();
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        for request in requests(30).iter().step_by(7) {
+            let kept = run(request, &env(&config, &counter, &Memo::default(), None));
+            let forgot = run(request, &env(&config, &counter, &forgetful_memo(), None));
+            assert_eq!(forgot.request, kept.request);
+            assert_eq!(forgot.remember, kept.remember);
+            assert_eq!(forgot.report.prefix, kept.report.prefix);
+        }
     }
 
     #[test]
