@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Issue 31's targets on recorded traffic: through ctxproxy (`tool_definitions = "in_place"`)
+"""Issue 31's targets on recorded traffic: through ctxproxy (`tool_definitions = "in_place"`, or
+the placement `TOOL_DEFINITIONS` names: `in_result`, `in_block`)
 and `ctxproxy mock-upstream` imitating each kind of chat template (`X-Mock-System-Messages`:
 `in_place` reads a system message in mid-conversation, `reject` answers vLLM's 400, `drop`
 loses it), how many answers reach the client as a 400 caused by a definition, how many tool
@@ -33,6 +34,7 @@ BIN = os.environ.get("CTXPROXY_BIN", os.path.join(ROOT, "target", "release", "ct
 MOCK_BIN = os.environ.get("MOCK_BIN", BIN)
 HEADER = "Full definitions of tools that the tools list gives by name only"
 MODES = ["in_place", "reject", "drop"]
+PLACEMENT = os.environ.get("TOOL_DEFINITIONS", "in_place")
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
          "array": list, "object": dict}
 
@@ -41,7 +43,7 @@ def start_proxy(mock_port):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
     env.update(CTXPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{mock_port}/v1",
-               CTXPROXY_UPSTREAM_TOOL_DEFINITIONS="in_place",
+               CTXPROXY_UPSTREAM_TOOL_DEFINITIONS=PLACEMENT,
                CTXPROXY_STORE_BACKEND="memory", CTXPROXY_LOG_LEVEL="error")
     proc = subprocess.Popen([BIN, "serve", "--config", os.path.join(ROOT, "config.toml"),
                              "--listen", f"127.0.0.1:{port}"],
@@ -137,7 +139,8 @@ def needing_a_definition(port, rows):
         if status != 200:
             continue
         rewrite = json.loads(text)["request"]
-        defined = any(m.get("role") == "system" and str(m.get("content") or "").startswith(HEADER)
+        defined = any(m.get("role") in ("system", "tool")
+                      and str(m.get("content") or "").startswith(HEADER)
                       for m in rewrite.get("messages") or [])
         sent = next((t for t in rewrite.get("tools") or []
                      if (t.get("function") or {}).get("name") == called), None)
@@ -171,7 +174,8 @@ def main():
         proc, port = start_proxy(mock_port)
         procs.append(proc)
         chosen = needing_a_definition(port, rows)[:limit]
-        print(f"{path}: {len(chosen)} of {len(rows)} requests need a definition ({BIN})")
+        print(f"{path}: {len(chosen)} of {len(rows)} requests need a definition ({BIN}, "
+              f"tool_definitions = {PLACEMENT})")
         print(f"{'mode':9} {'form':6} {'requests':>8} {'400s':>5} {'schema fails':>12} "
               f"{'upstream calls':>14} {'expanded':>8} {'all_full':>8} {'invalid_args':>12} "
               f"{'refused':>7} {'errors':>6}")

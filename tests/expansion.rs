@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 const FILTER_ALL: &str = "[tools]\nmin_tool_tokens = 0\nmin_stub_tokens = 0\n";
 
 /// A proxy filtering every tool, in front of the mock taken as a provider that reads a
-/// definitions message in place (as OpenAI does; a loopback upstream is `in_block` by default).
+/// definitions message in place (as OpenAI does; a loopback upstream is `in_result` by default).
 async fn in_place_proxy(mock: &Mock) -> common::Proxy {
     let upstream = format!(
         "[upstream]\nbase_url = \"{}\"\ntool_definitions = \"in_place\"\n",
@@ -259,30 +259,46 @@ async fn max_expansions_bounds_the_re_asks_and_the_last_sends_every_tool_in_full
 }
 
 #[tokio::test]
-async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_in_the_block() {
+async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_as_a_calls_result() {
     let mock = start_mock(MockOptions::default()).await;
-    // The default `tool_definitions = "auto"`: a loopback upstream is not OpenAI.
+    // The default `tool_definitions = "auto"`: a loopback upstream is not OpenAI. A template
+    // that refuses or drops a system message in mid-conversation still reads a tool result.
     let proxy = proxy_for(&mock, FILTER_ALL).await;
-    let headers = [("X-Mock-Tool-Call", "send_email"), ("X-Mock-Echo", "1")];
+    let headers = [
+        ("X-Mock-Tool-Call", "send_email"),
+        ("X-Mock-Echo", "1"),
+        ("X-Mock-System-Messages", "reject"),
+    ];
     let response = post(&proxy, &request(false), &headers).await;
     assert_eq!(response.status(), 200);
     assert_eq!(chat_count(&mock), 2, "the stub call was asked again");
     let answer: Value = response.json().await.unwrap();
     let reasked: ctxproxy::openai::ChatRequest =
         serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
-    // No definitions message: the tool called is in full in the block.
-    assert!(inline::definitions_in(&reasked.messages).is_empty());
-    let full: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
-    let send_email = full
-        .iter()
-        .find(|t| t.function.as_ref().unwrap().name == "send_email");
-    let sent = reasked.tools.get().unwrap();
-    assert!(sent.contains(send_email.unwrap()), "{sent:?}");
+    // The block keeps its bytes; the re-ask ends with a call of the stub and its definition.
+    let first: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(proxy.explain(&request(false), &[]).await["request"].clone())
+            .unwrap();
+    assert_eq!(reasked.tools, first.tools);
+    let [.., call, definition] = reasked.messages.as_slice() else {
+        panic!("{:?}", reasked.messages)
+    };
+    assert!(inline::is_definition_call(call), "{call:?}");
+    assert_eq!(call.tool_calls()[0].function.name, "send_email");
+    assert_eq!(call.tool_calls()[0].function.arguments, "{}");
+    assert!(inline::is_definition_result(definition), "{definition:?}");
     assert_eq!(
-        answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
-        "send_email"
+        definition.tool_call_id.get(),
+        Some(&call.tool_calls()[0].id)
     );
-    // The next turn keeps the tool where the re-ask put it: in full in the block.
+    assert_eq!(inline::definitions_in(&reasked.messages).len(), 1);
+    let called = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(called["name"], "send_email");
+    assert!(
+        !answer["choices"][0]["message"].to_string().contains("ctxd"),
+        "the client never sees the definition's call"
+    );
+    // The next turn places the pair where the re-ask put it: the re-ask is its prefix.
     let call = answer["choices"][0]["message"].clone();
     let mut next = request(false);
     let messages = next["messages"].as_array_mut().unwrap();
@@ -293,11 +309,29 @@ async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_in_the_blo
     let explained = proxy.explain(&next, &[]).await;
     let rewrite: ctxproxy::openai::ChatRequest =
         serde_json::from_value(explained["request"].clone()).unwrap();
-    assert!(inline::definitions_in(&rewrite.messages).is_empty());
-    assert!(rewrite.tools.get().unwrap().contains(send_email.unwrap()));
-    // A route may say otherwise.
+    assert_eq!(rewrite.tools, first.tools);
+    assert_eq!(
+        rewrite.messages[..reasked.messages.len()],
+        reasked.messages[..]
+    );
+    assert_eq!(rewrite.messages.len(), reasked.messages.len() + 2);
+    // `in_block` grows the block instead; `in_place` defines it in a system message.
+    let in_block = proxy_for(
+        &mock,
+        &format!("tool_definitions = \"in_block\"\n{FILTER_ALL}"),
+    )
+    .await;
+    let answer: Value = answer_to(&in_block, &request(false), &headers).await;
+    let reasked: ctxproxy::openai::ChatRequest =
+        serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
+    assert!(inline::definitions_in(&reasked.messages).is_empty());
+    let full: Vec<ctxproxy::openai::Tool> = serde_json::from_value(tools()).unwrap();
+    let send_email = full
+        .iter()
+        .find(|t| t.function.as_ref().unwrap().name == "send_email");
+    assert!(reasked.tools.get().unwrap().contains(send_email.unwrap()));
     let in_place = in_place_proxy(&mock).await;
-    let answer: Value = answer_to(&in_place, &request(false), &headers).await;
+    let answer: Value = answer_to(&in_place, &request(false), &headers[..2]).await;
     let reasked: ctxproxy::openai::ChatRequest =
         serde_json::from_value(answer["mock_echo"]["body"].clone()).unwrap();
     assert_eq!(
@@ -305,6 +339,10 @@ async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_in_the_blo
             .into_iter()
             .collect::<Vec<_>>(),
         ["send_email"]
+    );
+    assert_eq!(
+        reasked.messages.last().unwrap().role,
+        ctxproxy::openai::Role::System
     );
 }
 
@@ -800,6 +838,31 @@ fn after_a_get_weather_call(stream: bool) -> Value {
 const DROPS: (&str, &str) = ("X-Mock-System-Messages", "drop");
 
 #[tokio::test]
+async fn every_kind_of_template_reads_a_definition_given_as_a_calls_result_at_once() {
+    let mock = start_mock(MockOptions::default()).await;
+    // The default for a loopback upstream; the tool's schema requires `city`.
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    for mode in ["in_place", "reject", "drop"] {
+        for stream in [false, true] {
+            let headers = [
+                ("X-Mock-System-Messages", mode),
+                ("X-Mock-Tool-Call", "get_weather"),
+            ];
+            let before = chat_count(&mock);
+            let calls = calls_of(post(&proxy, &request(stream), &headers).await, stream).await;
+            // The stub's call asked again once, with the definition read: the call has the
+            // parameters the schema requires, and nothing was asked in the block.
+            assert_eq!(calls.len(), 1, "{mode} stream {stream}");
+            assert_eq!(calls[0].0, "get_weather");
+            assert!(calls[0].1.contains("\"city\""), "{mode}: {calls:?}");
+            assert_eq!(chat_count(&mock) - before, 2, "{mode} stream {stream}");
+        }
+    }
+    assert_eq!(refusals(&proxy).await, 0.0);
+    assert_eq!(invalid_arguments(&proxy).await, 0.0);
+}
+
+#[tokio::test]
 async fn a_call_that_fails_its_schema_after_a_dropped_definition_is_asked_again_in_the_block() {
     let mock = start_mock(MockOptions::default()).await;
     for stream in [false, true] {
@@ -890,7 +953,8 @@ async fn a_tool_in_full_in_the_block_is_never_asked_again_for_its_arguments() {
         assert_eq!(calls.await, failing, "stream {stream}");
         assert_eq!(chat_count(&mock) - before, 1);
         // A stub defined in the block when called: asked once, for the definition only.
-        let in_block = proxy_for(&mock, FILTER_ALL).await;
+        let config = format!("tool_definitions = \"in_block\"\n{FILTER_ALL}");
+        let in_block = proxy_for(&mock, &config).await;
         let before = chat_count(&mock);
         let calls = calls_of(
             post(&in_block, &with_set_mode(stream), &headers).await,

@@ -325,8 +325,9 @@ pub fn analyze(
             tools.requests_10_plus_tools += 1;
             tools.tool_tokens_before_10_plus += tokens(request);
             // Definitions placed in the messages are tool definitions too.
-            let placed: usize = inline::definition_messages(&rewrite.request.messages)
-                .map(|(m, _)| counter.message(m))
+            let placed: usize = (rewrite.request.messages.iter())
+                .filter(|m| inline::is_definition(m))
+                .map(|m| counter.message(m))
                 .sum();
             tools.tool_tokens_after_10_plus += tokens(&rewrite.request) + placed as u64;
         }

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 
 use super::{header_str, is_follow_up};
-use crate::openai::{ChatRequest, Role};
+use crate::openai::ChatRequest;
 use crate::pipeline::tools::inline;
 
 /// How an answer fails after its head: after `after` stream events, as `kind` says.
@@ -76,14 +76,14 @@ fn parse(value: &str) -> Option<Fault> {
     Some(Fault { kind, after })
 }
 
-/// A request that asks again: an expansion's re-ask (ctxproxy's definitions message last), or
+/// A request that asks again: an expansion's re-ask (ctxproxy's definitions message or call
+/// result last), or
 /// a follow-up (a continuation, a retry).
 fn is_reask(request: &ChatRequest) -> bool {
     let defines_last = request.messages.last().is_some_and(|last| {
-        last.role == Role::System
-            && inline::definition_messages(std::slice::from_ref(last))
-                .next()
-                .is_some()
+        inline::definition_messages(std::slice::from_ref(last))
+            .next()
+            .is_some()
     });
     defines_last || is_follow_up(request)
 }

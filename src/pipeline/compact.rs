@@ -21,6 +21,7 @@ use super::payload::{self, Payload};
 use super::recall;
 use super::stage::{Params, Stage, StageCx, StageName, StageOutput};
 use super::text::identifiers;
+use super::tools::inline;
 use super::working_set::WorkingSet;
 use crate::openai::{ChatRequest, Content, Message, Nullable, Role, SharedText, ToolCall};
 use crate::tokens::TokenCounter;
@@ -66,6 +67,8 @@ impl Stage for CompactStage {
             .iter()
             .enumerate()
             .filter(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
+            // A definition placed as a call's result (`in_result`) is not the client's.
+            .filter(|(_, m)| !inline::is_definition_result(m))
             .map(|(i, _)| i)
             .collect();
         // The working set is never cleared; the rest is, but for the latest results.

@@ -122,7 +122,7 @@ pub struct ToolsConfig {
 #[serde(rename_all = "snake_case")]
 pub enum Definitions {
     /// In place where `auto` finds a provider known to read a mid-conversation system message
-    /// (OpenAI), else in the block.
+    /// (OpenAI), else as a call's result.
     #[default]
     Auto,
     /// A system message where the need arose: the block stays the same bytes.
@@ -130,10 +130,16 @@ pub enum Definitions {
     /// The tool grows in the block, in full: every chat template reads it, at the cost of one
     /// prefix change per growth.
     InBlock,
+    /// The result of a call of the stub where the need arose (an assistant message calling it
+    /// with `{}`, then a tool message with the definition): the block stays the same bytes,
+    /// and every chat template that renders tool calls reads it.
+    InResult,
 }
 
 impl Definitions {
-    /// `auto` resolved for an upstream's base URL: in place for OpenAI and Azure OpenAI only.
+    /// `auto` resolved for an upstream's base URL: in place for OpenAI and Azure OpenAI, as a
+    /// call's result for any other (a chat template may refuse or drop a system message in
+    /// mid-conversation; all that render tool calls render a call and its result).
     pub fn for_base_url(self, base_url: &str) -> Definitions {
         if self != Definitions::Auto {
             return self;
@@ -149,7 +155,7 @@ impl Definitions {
         if host == "api.openai.com" || host.ends_with(".openai.azure.com") {
             Definitions::InPlace
         } else {
-            Definitions::InBlock
+            Definitions::InResult
         }
     }
 
@@ -159,6 +165,7 @@ impl Definitions {
             Definitions::Auto => "auto",
             Definitions::InPlace => "in_place",
             Definitions::InBlock => "in_block",
+            Definitions::InResult => "in_result",
         }
     }
 
@@ -478,7 +485,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_definitions_are_in_place_only_for_openai() {
+    fn auto_definitions_are_in_place_for_openai_and_results_elsewhere() {
         let auto = Definitions::Auto;
         assert_eq!(
             auto.for_base_url("https://api.openai.com/v1"),
@@ -494,7 +501,7 @@ mod tests {
             "http://vllm:8000/v1",
             "https://api.openai.com.evil.example/v1",
         ] {
-            assert_eq!(auto.for_base_url(other), Definitions::InBlock, "{other}");
+            assert_eq!(auto.for_base_url(other), Definitions::InResult, "{other}");
         }
         // A placement set by hand is kept.
         assert_eq!(

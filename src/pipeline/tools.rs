@@ -167,7 +167,7 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
         }),
         ..ToolsDetails::offered(offered)
     };
-    let placed = placed_definitions(&plan.placed, tools);
+    let placed = placed_definitions(&plan.placed, tools, config.definitions);
     Decision {
         unchanged: kept.len() == offered && stubbed == 0 && placed.is_empty(),
         kept,

@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 
+use super::tools::inline;
 use crate::openai::{Message, Role};
 
 /// Indices into a request's messages.
@@ -45,8 +46,11 @@ impl WorkingSet {
                     break;
                 }
                 recent_from = index;
-                // Text-only messages and instructions in the loop are kept, but only calls count.
-                calls += message.tool_calls().len();
+                // Text-only messages and instructions in the loop are kept, but only calls count
+                // (not those that place a definition, `in_result`).
+                if !inline::is_definition_call(message) {
+                    calls += message.tool_calls().len();
+                }
                 if calls >= recent_tool_steps {
                     break;
                 }

@@ -40,13 +40,13 @@ pub fn learn(state: &SharedState, upstream: &Upstream, lesson: Lesson) {
     match lesson {
         Lesson::Refuses => tracing::warn!(
             upstream = %name,
-            "the upstream refused a system message in mid-conversation (tool definitions): \
-             asked again with them in the block, as its later requests will be; set \
-             tool_definitions = \"in_block\" for it"
+            "the upstream refused tool definitions in the messages (a system message or a \
+             call's result in mid-conversation): asked again with them in the block, as its \
+             later requests will be; set tool_definitions = \"in_block\" for it"
         ),
         Lesson::Drops => tracing::warn!(
             upstream = %name,
-            "the upstream's chat template drops a system message in mid-conversation: a tool \
+            "the upstream's chat template drops tool definitions in the messages: a tool \
              defined there was called with arguments that fail its schema, and asked again \
              with it in the block, as its later requests will be; set tool_definitions = \
              \"in_block\" for it"

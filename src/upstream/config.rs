@@ -26,7 +26,7 @@ pub struct RawUpstream {
     pub tokenizer: String,
     /// Largest server-sent event accepted from an upstream stream (every upstream).
     pub max_event_bytes: u64,
-    /// Where a tool needed later gets its full definition: `auto`, `in_place`, `in_block`.
+    /// Where a tool needed later gets its full definition: `auto`, `in_place`, `in_result`, `in_block`.
     pub tool_definitions: Definitions,
 }
 

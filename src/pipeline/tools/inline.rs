@@ -7,16 +7,24 @@
 //! Where a definition goes is a function of the history: before the assistant message that
 //! first called it. So the re-ask of an answer that called a stub (which appends the
 //! definition last) and every later request of the conversation place it at the same spot.
+//!
+//! Its form is the upstream's (`tool_definitions`): a system message (`in_place`), or, for chat
+//! templates that refuse or drop a system message in mid-conversation, the result of a call
+//! (`in_result`): an assistant message calling the stub with `{}`, then a tool message with the
+//! definition. Every template that renders tool calls renders that pair where it stands.
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::block::sends_block_whole;
 use super::catalog::{Catalog, tool_name};
 use super::classify::{matched_of, turn_scores};
 use super::plan;
-use crate::openai::{ChatRequest, Content, Message, Nullable, Role, Tool};
+use crate::openai::{
+    ChatRequest, Content, Extra, FunctionCall, Message, Nullable, Role, Tool, ToolCall,
+};
 use crate::pipeline::config::{Definitions, PipelineConfig, ToolsConfig};
 use crate::pipeline::memo::Memo;
 use crate::pipeline::stage::{Params, StageCx};
@@ -61,11 +69,109 @@ pub fn message(client_tools: &[Tool], names: &[String]) -> Message {
     Message::text(Role::System, text)
 }
 
-/// The definitions messages among `messages`, each with its lines after the header.
+/// The messages defining the named tools in the upstream's form (`definitions`): one system
+/// message, or (`in_result`) a call of each stub and its result, in the client's order.
+pub fn messages(client_tools: &[Tool], names: &[String], definitions: Definitions) -> Vec<Message> {
+    if definitions != Definitions::InResult {
+        return vec![message(client_tools, names)];
+    }
+    client_tools
+        .iter()
+        .filter_map(tool_name)
+        .filter(|name| names.iter().any(|n| n == name))
+        .flat_map(|name| {
+            let id = call_id(name);
+            let definition = message(client_tools, &[name.to_owned()]);
+            let call = ToolCall {
+                id: id.clone(),
+                kind: Some("function".to_owned()),
+                function: FunctionCall {
+                    name: name.to_owned(),
+                    arguments: "{}".to_owned(),
+                    extra: Extra::new(),
+                },
+                extra: Extra::new(),
+            };
+            let asked = Message {
+                role: Role::Assistant,
+                content: Nullable::Null,
+                tool_calls: Nullable::Value(std::sync::Arc::new(vec![call])),
+                ..Message::text(Role::Assistant, "")
+            };
+            let answered = Message {
+                role: Role::Tool,
+                tool_call_id: Nullable::Value(id),
+                ..definition
+            };
+            [asked, answered]
+        })
+        .collect()
+}
+
+/// Characters of a definition call's id: nine letters and digits, which Mistral's templates
+/// require of every tool call id.
+const CALL_ID_CHARS: usize = 9;
+/// What every definition call's id starts with.
+const CALL_ID_PREFIX: &str = "ctxd";
+
+/// The id of the call that defines `name`: the same for every request, replica and version.
+fn call_id(name: &str) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let digest = Sha256::digest(name.as_bytes());
+    let mut id = String::from(CALL_ID_PREFIX);
+    id.extend(
+        digest
+            .iter()
+            .take(CALL_ID_CHARS - CALL_ID_PREFIX.len())
+            .map(|b| char::from(DIGITS[usize::from(*b) % DIGITS.len()])),
+    );
+    id
+}
+
+fn is_definition_call_id(id: &str) -> bool {
+    id.len() == CALL_ID_CHARS
+        && id.starts_with(CALL_ID_PREFIX)
+        && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Whether `message` is the call half of a definition (`in_result`): an assistant message
+/// whose only calls are definition calls. Its result says it is one; this does not read it.
+pub fn is_definition_call(message: &Message) -> bool {
+    message.role == Role::Assistant
+        && !message.tool_calls().is_empty()
+        && message
+            .tool_calls()
+            .iter()
+            .all(|c| is_definition_call_id(&c.id))
+}
+
+/// Whether `message` is the result half of a definition (`in_result`).
+pub fn is_definition_result(message: &Message) -> bool {
+    message.role == Role::Tool
+        && message
+            .tool_call_id
+            .get()
+            .is_some_and(|id| is_definition_call_id(id))
+        && is_definitions(message)
+}
+
+/// Whether `message` is a definition in any form: a definitions system message, or either half
+/// of a definition call.
+pub fn is_definition(message: &Message) -> bool {
+    match message.role {
+        Role::System => is_definitions(message),
+        Role::Tool => is_definition_result(message),
+        Role::Assistant => is_definition_call(message),
+        _ => false,
+    }
+}
+
+/// The definitions messages among `messages` (system messages, or the results of definition
+/// calls), each with its lines after the header.
 pub fn definition_messages(messages: &[Message]) -> impl Iterator<Item = (&Message, &str)> {
     messages
         .iter()
-        .filter(|m| m.role == Role::System)
+        .filter(|m| m.role == Role::System || (m.role == Role::Tool && is_definition_result(m)))
         .filter_map(|m| match m.content.get() {
             Some(Content::Text(text)) => text.strip_prefix(HEADER).map(|rest| (m, rest)),
             _ => None,
@@ -130,7 +236,9 @@ pub fn reask(
         request.tools = Nullable::Value(super::stubs::promote(tools, client, Some(&strict)));
     }
     if !loose.is_empty() {
-        request.messages.push(message(client, &loose));
+        request
+            .messages
+            .extend(messages(client, &loose, definitions));
     }
     request
 }
@@ -144,9 +252,27 @@ pub fn in_block_instead(sent: &ChatRequest, client: &[Tool]) -> Option<ChatReque
         return None;
     }
     let mut request = sent.clone();
-    request
+    // A definition call goes with its result: the pair is taken out whole.
+    let results: BTreeSet<&str> = sent
         .messages
-        .retain(|m| !(m.role == Role::System && is_definitions(m)));
+        .iter()
+        .filter(|m| is_definition_result(m))
+        .filter_map(|m| m.tool_call_id.get().map(String::as_str))
+        .collect();
+    request.messages.retain(|m| {
+        let definition = match m.role {
+            Role::System => is_definitions(m),
+            Role::Tool => is_definition_result(m),
+            Role::Assistant => {
+                is_definition_call(m)
+                    && m.tool_calls()
+                        .iter()
+                        .all(|c| results.contains(c.id.as_str()))
+            }
+            _ => false,
+        };
+        !definition
+    });
     if let Some(tools) = sent.tools.get() {
         request.tools = Nullable::Value(super::stubs::promote(tools, client, Some(&defined)));
     }
@@ -197,8 +323,22 @@ pub fn insert(
             .find(|(_, o)| *o >= at)
             .map_or(messages.len(), |(m, _)| *m)
     };
-    let mut positions: Vec<(usize, &Message)> =
-        placed.iter().map(|(at, d)| (position(*at), d)).collect();
+    // A call never goes before a user message (templates that check the roles' alternation
+    // refuse it): a spot the window summarized, the tail's first user message, takes the
+    // pair after it.
+    let position_of = |at: usize, definition: &Message| {
+        let p = position(at);
+        let user = messages.get(p).is_some_and(|m| m.role == Role::User);
+        if user && definition.role != Role::System {
+            p + 1
+        } else {
+            p
+        }
+    };
+    let mut positions: Vec<(usize, &Message)> = placed
+        .iter()
+        .map(|(at, d)| (position_of(*at, d), d))
+        .collect();
     positions.sort_by_key(|(p, _)| *p);
     let mut out = Vec::with_capacity(messages.len() + placed.len());
     let mut next = positions.into_iter().peekable();
@@ -212,11 +352,20 @@ pub fn insert(
     out
 }
 
-/// The definitions messages of `placed`, each at its spot.
-pub(super) fn placed_definitions(placed: &[Placed], tools: &[Tool]) -> Vec<(usize, Message)> {
+/// The definitions messages of `placed` in the upstream's form, each at its spot (a spot
+/// holds one message per tool `in_result`).
+pub(super) fn placed_definitions(
+    placed: &[Placed],
+    tools: &[Tool],
+    definitions: Definitions,
+) -> Vec<(usize, Message)> {
     placed
         .iter()
-        .map(|p| (p.at, message(tools, &p.names)))
+        .flat_map(|p| {
+            messages(tools, &p.names, definitions)
+                .into_iter()
+                .map(|m| (p.at, m))
+        })
         .collect()
 }
 
@@ -254,7 +403,7 @@ pub fn definitions_from(
         .into_iter()
         .filter(|p| p.at > from || (p.at == from && p.answered))
         .collect();
-    placed_definitions(&placed, tools)
+    placed_definitions(&placed, tools, config.tools.definitions)
 }
 
 /// What the conversation needed after its first turn, in order, each at the client's message
@@ -404,6 +553,106 @@ mod tests {
         assert_eq!(tools[1], client[1], "b in full, in its place");
         assert_ne!(tools[0], client[0], "a still a stub");
         assert!(in_block_instead(&moved, &client).is_none());
+    }
+
+    fn in_result(tools: &[Tool], names: &[&str]) -> Vec<Message> {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        messages(tools, &names, Definitions::InResult)
+    }
+
+    #[test]
+    fn a_definition_as_a_result_is_a_call_of_the_stub_then_its_definition() {
+        let tools = [tool("b", false), tool("a", false), tool("c", false)];
+        let placed = in_result(&tools, &["c", "b"]);
+        // One pair per tool, in the client's order: one call per assistant message (Llama's
+        // JSON templates refuse more).
+        let roles: Vec<Role> = placed.iter().map(|m| m.role.clone()).collect();
+        assert_eq!(
+            roles,
+            [Role::Assistant, Role::Tool, Role::Assistant, Role::Tool]
+        );
+        let call = &placed[0].tool_calls()[0];
+        assert_eq!(call.function.name, "b");
+        assert_eq!(call.function.arguments, "{}");
+        assert_eq!(placed[1].tool_call_id.get(), Some(&call.id));
+        assert_eq!(placed[2].tool_calls()[0].function.name, "c");
+        // Nine letters and digits (Mistral's templates), the same on every request.
+        assert_eq!(call.id.len(), 9);
+        assert!(call.id.bytes().all(|b| b.is_ascii_alphanumeric()));
+        assert_eq!(in_result(&tools, &["b"])[0].tool_calls()[0].id, call.id);
+        assert_ne!(placed[2].tool_calls()[0].id, call.id);
+        assert!(placed.iter().all(is_definition));
+        assert!(is_definition_call(&placed[0]) && is_definition_result(&placed[1]));
+        assert_eq!(
+            defined_in(&placed),
+            BTreeSet::from(["b".to_owned(), "c".to_owned()])
+        );
+        assert_eq!(definitions_in(&placed)[0]["name"], "b");
+        // As sent, the call's content is null.
+        let sent = serde_json::to_value(&placed[0]).unwrap();
+        assert_eq!(sent["content"], Value::Null);
+        assert_eq!(sent["tool_calls"][0]["type"], "function");
+        // Other placements are one system message.
+        let names = ["b".to_owned()];
+        for other in [Definitions::InPlace, Definitions::Auto] {
+            assert_eq!(messages(&tools, &names, other), [message(&tools, &names)]);
+        }
+    }
+
+    #[test]
+    fn a_clients_tool_result_quoting_the_header_defines_nothing() {
+        let mut quoted = text(Role::Tool, &format!("{HEADER}\n{{\"name\":\"x\"}}"));
+        quoted.tool_call_id = Nullable::Value("call_abc123".to_owned());
+        assert!(!is_definition(&quoted));
+        assert!(defined_in(&[quoted]).is_empty());
+    }
+
+    #[test]
+    fn definitions_as_results_move_into_the_block_whole() {
+        let client = vec![tool("a", false), tool("b", false)];
+        let counter = crate::tokens::TokenCounter::new(crate::tokens::Encoding::O200kBase);
+        let memo = crate::pipeline::Memo::default();
+        let stubs = client
+            .iter()
+            .map(|t| super::super::stubs::stub(t, 24, &counter, &memo))
+            .collect();
+        let mut sent: ChatRequest =
+            serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
+        sent.messages = vec![text(Role::User, "one")];
+        sent.messages.extend(in_result(&client, &["b"]));
+        sent.tools = Nullable::Value(stubs);
+        let moved = in_block_instead(&sent, &client).unwrap();
+        assert_eq!(moved.messages, vec![text(Role::User, "one")]);
+        assert_eq!(moved.tools.get().unwrap()[1], client[1]);
+        // A re-ask in this form appends the pair.
+        let reasked = reask(&moved, &client, &["a".to_owned()], Definitions::InResult);
+        assert_eq!(reasked.messages[1..], in_result(&client, &["a"])[..]);
+    }
+
+    #[test]
+    fn a_definition_as_a_result_never_goes_before_a_user_message() {
+        let original = vec![
+            text(Role::System, "sys"),
+            text(Role::User, "one"),
+            text(Role::Assistant, "a1"),
+            text(Role::User, "two"),
+            text(Role::Assistant, "a2"),
+        ];
+        // The window summarized the first turn, where the tool was called.
+        let windowed = vec![
+            text(Role::System, "sys + summary"),
+            text(Role::User, "two"),
+            text(Role::Assistant, "a2"),
+        ];
+        let tools = [tool("b", false)];
+        let pair = in_result(&tools, &["b"]);
+        let placed: Vec<(usize, Message)> = pair.iter().map(|m| (2, m.clone())).collect();
+        let out = insert(windowed.clone(), &original, &placed);
+        // After the kept history's first user message (Llama's templates take what follows
+        // the system message for the first user message).
+        assert_eq!(out[1], windowed[1]);
+        assert_eq!(out[2..4], pair[..]);
+        assert_eq!(out[4], windowed[2]);
     }
 
     #[test]
