@@ -838,6 +838,33 @@ fn after_a_get_weather_call(stream: bool) -> Value {
 const DROPS: (&str, &str) = ("X-Mock-System-Messages", "drop");
 
 #[tokio::test]
+async fn a_provider_that_refuses_a_call_it_did_not_write_gets_the_definitions_in_the_block() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, FILTER_ALL).await;
+    // Thinking mode: a tool call without its reasoning is a 400, whatever its words.
+    let headers = [
+        ("X-Mock-Thinking", "1"),
+        ("X-Mock-Tool-Call", "get_weather"),
+    ];
+    for stream in [false, true] {
+        let before = chat_count(&mock);
+        let calls = calls_of(post(&proxy, &request(stream), &headers).await, stream).await;
+        assert_eq!(calls.len(), 1, "stream {stream}");
+        assert_eq!(calls[0].0, "get_weather");
+        assert!(calls[0].1.contains("\"city\""), "{calls:?}");
+        if stream {
+            // Learned: the stub's re-ask defines it in the block at once.
+            assert_eq!(chat_count(&mock) - before, 2);
+        } else {
+            // The first ask, its re-ask with the definition as a call's result (refused),
+            // and that re-ask with the tool in the block.
+            assert_eq!(chat_count(&mock) - before, 3);
+        }
+    }
+    assert_eq!(refusals(&proxy).await, 1.0);
+}
+
+#[tokio::test]
 async fn every_kind_of_template_reads_a_definition_given_as_a_calls_result_at_once() {
     let mock = start_mock(MockOptions::default()).await;
     // The default for a loopback upstream; the tool's schema requires `city`.

@@ -165,11 +165,12 @@ fn assert_valid(request: &ChatRequest) {
     );
 }
 
+/// The client's tool results (not the definitions placed as calls' results).
 fn tool_texts(request: &ChatRequest) -> Vec<(String, String)> {
     request
         .messages
         .iter()
-        .filter(|m| m.role == Role::Tool)
+        .filter(|m| m.role == Role::Tool && !inline::is_definition_result(m))
         .map(|m| {
             (
                 m.tool_call_id.get().unwrap().clone(),
@@ -209,10 +210,16 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn pipeline_invariants(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000])) {
+    fn pipeline_invariants(request in conversation(), budget in prop::sample::select(vec![300usize, 1500, 4000, 1_000_000]), in_result in any::<bool>()) {
         let counter = TokenCounter::new(Encoding::O200kBase);
         let memo = pipeline::Memo::default();
-        let config = PipelineConfig::default();
+        let mut config = PipelineConfig::default();
+        if in_result {
+            // Small tools filtered, later ones defined as calls' results.
+            config.tools.min_tool_tokens = 0;
+            config.tools.min_stub_tokens = 0;
+            config.tools.definitions = pipeline::config::Definitions::InResult;
+        }
         let env = env(&config, &counter, &memo, budget);
         let rewrite = pipeline::run(&request, &env);
         let output = &rewrite.request;

@@ -298,7 +298,8 @@ async fn chat_completions(
 
 /// What the headers do to a parsed request before it is answered: `X-Mock-Follow-Up-Status`
 /// fails it, the chat template (`X-Mock-System-Messages`) refuses it or drops its later system
-/// messages, `X-Mock-Invalid-Json` answers it with a broken body; else the request the model
+/// messages, a provider in thinking mode (`X-Mock-Thinking`) refuses a tool call without its
+/// reasoning, `X-Mock-Invalid-Json` answers it with a broken body; else the request the model
 /// reads and the faults its answer will have.
 fn admit(
     state: &MockState,
@@ -317,6 +318,9 @@ fn admit(
         state.options.system_messages,
     );
     let request = template.render(request).map_err(NotAnswered::Refused)?;
+    if header_str(headers, "x-mock-thinking") == Some("1") && template::lacks_reasoning(&request) {
+        return Err(NotAnswered::Refused(template::REASONING_MISSING));
+    }
     let faults = fault::Faults::of(headers, &request);
     if faults.invalid_json {
         return Err(NotAnswered::InvalidJson);

@@ -623,7 +623,8 @@ fn appended(anchored: &Rewrite, request: &ChatRequest, from: usize, env: &Env<'_
     let mut sent = anchored.request.clone();
     let (mut before, mut after, mut compacted) = (0, 0, 0);
     // Tools needed since are defined where the need arose, as the whole rewrite would.
-    let definitions = definitions_from(request, from, env.config, counter, env.memo);
+    let definitions =
+        definitions_from(request, from, &sent.messages, env.config, counter, env.memo);
     let defined = definitions.names;
     let definitions = definitions.placed;
     let mut definitions = definitions.into_iter().peekable();

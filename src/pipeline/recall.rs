@@ -15,6 +15,7 @@ use serde_json::Value;
 use serde::{Deserialize, Serialize};
 
 use super::config::PipelineConfig;
+use super::tools::inline;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool, ToolCall};
 use crate::tokens::TokenCounter;
 
@@ -251,8 +252,7 @@ pub fn replay(
     for mark in marks {
         // The call as it was sent; its answers read again from the client's messages.
         let recalled = answer(mark.call.tool_calls().to_vec(), |h| original(client, h));
-        // Counted from the end: what follows the mark is the client's messages since.
-        let at = sent.len() - (n - mark.at);
+        let at = spot(sent, n - mark.at);
         let pair: Vec<Message> = std::iter::once(mark.call.clone())
             .chain(results(&recalled))
             .collect();
@@ -260,6 +260,24 @@ pub fn replay(
         sent.splice(at..at, pair);
     }
     inserted
+}
+
+/// Where a pair goes in `sent`, counted from the end: before the last `since` of the client's
+/// messages, and the tool definitions placed among them (`inline`: a system message, or a
+/// call and its result).
+fn spot(sent: &[Message], since: usize) -> usize {
+    let mut at = sent.len();
+    let mut seen = 0;
+    while at > 0 && seen < since {
+        at -= 1;
+        if !inline::is_definition(&sent[at]) {
+            seen += 1;
+        }
+    }
+    while at > 0 && inline::is_definition(&sent[at - 1]) {
+        at -= 1;
+    }
+    at
 }
 
 /// The original text of the tool result whose handle is `handle`, among `messages`.
@@ -404,6 +422,42 @@ mod tests {
         let mut whole = next.clone();
         assert_eq!(replay(&mut whole, &next, Some(rebuilt), &[mark]), 0);
         assert_eq!(whole, next);
+    }
+
+    #[test]
+    fn a_recall_pair_goes_before_the_clients_messages_since_and_the_definitions_among_them() {
+        let definition = || {
+            let tools: Vec<Tool> = serde_json::from_value(serde_json::json!([{"type": "function",
+                "function": {"name": "x", "parameters": {"type": "object"}}}]))
+            .unwrap_or_default();
+            let names = ["x".to_owned()];
+            let definitions = crate::pipeline::config::Definitions::InResult;
+            inline::messages(&tools, &names, definitions)
+        };
+        let original = "{\"rows\": [[\"29.1\", 1996]]}";
+        let handle = handle_of(original);
+        let client = vec![Message::text(Role::User, "q"), tool_message(original)];
+        let recalled = answer(vec![call(&format!("{{\"handle\": \"{handle}\"}}"))], |_| {
+            Some(original.to_owned())
+        });
+        let mark = Mark::of(2, &recalled);
+        // Appended since: a call of `x` (defined before it) and its result.
+        let mut called = Message::text(Role::Assistant, "");
+        called.tool_calls = Nullable::Value(Arc::new(vec![call("{}")]));
+        let mut next = client.clone();
+        next.extend([called.clone(), tool_message("done")]);
+        let mut sent = client.clone();
+        sent.extend(definition());
+        sent.extend(next[2..].iter().cloned());
+        let prefix = Appended {
+            anchor_messages: 2,
+            appended_messages: 2,
+        };
+        assert_eq!(replay(&mut sent, &next, Some(prefix), &[mark]), 2);
+        assert_eq!(sent[..2], client[..]);
+        assert_eq!(sent[2..4], pair(&recalled)[..]);
+        assert_eq!(sent[4..6], definition()[..]);
+        assert_eq!(sent[6..], next[2..]);
     }
 
     #[test]

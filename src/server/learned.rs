@@ -76,8 +76,8 @@ pub async fn refresh(state: &SharedState, upstream: &Upstream) {
         tracing::info!(
             upstream = %upstream.config.name,
             lesson = lesson.as_str(),
-            "another replica learned that the upstream's template {} a system message in \
-             mid-conversation: tools needed later are defined in the block",
+            "another replica learned that the upstream {} tool definitions in the messages: \
+             tools needed later are defined in the block",
             lesson.as_str()
         );
     }

@@ -21,15 +21,16 @@ pub struct Definitions {
     pub names: BTreeSet<String>,
 }
 
-/// The definitions placed from message `from` on (see `inline::definitions_from`).
+/// The definitions placed from message `from` on, after `sent` (see `inline::definitions_from`).
 pub fn definitions_from(
     request: &ChatRequest,
     from: usize,
+    sent: &[Message],
     config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
 ) -> Definitions {
-    let placed = inline::definitions_from(request, from, config, counter, memo);
+    let placed = inline::definitions_from(request, from, sent, config, counter, memo);
     let messages: Vec<Message> = placed.iter().map(|(_, m)| m.clone()).collect();
     let names = inline::defined_in(&messages);
     Definitions { placed, names }

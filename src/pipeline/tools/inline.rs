@@ -324,16 +324,16 @@ pub fn insert(
             .map_or(messages.len(), |(m, _)| *m)
     };
     // A call never goes before a user message (templates that check the roles' alternation
-    // refuse it): a spot the window summarized, the tail's first user message, takes the
-    // pair after it.
+    // refuse it): a spot the window summarized, the tail's first user messages, takes the
+    // pair after them.
     let position_of = |at: usize, definition: &Message| {
-        let p = position(at);
-        let user = messages.get(p).is_some_and(|m| m.role == Role::User);
-        if user && definition.role != Role::System {
-            p + 1
-        } else {
-            p
+        let mut p = position(at);
+        if definition.role != Role::System {
+            while messages.get(p).is_some_and(|m| m.role == Role::User) {
+                p += 1;
+            }
         }
+        p
     };
     let mut positions: Vec<(usize, &Message)> = placed
         .iter()
@@ -371,11 +371,13 @@ pub(super) fn placed_definitions(
 
 /// The definitions `request`'s rewrite places in its messages from the client's message
 /// `from` on (those at `from` itself only when an answer called them: the rest ended the
-/// rewrite of the request that sent the first `from` messages). What a conversation's next
-/// request appends to its earlier rewrite (`prefix`).
+/// rewrite of the request that sent the first `from` messages), less the tools `sent` (that
+/// rewrite) already defines: the tool its `tool_choice` named, which the answer at `from`
+/// then called. What a conversation's next request appends to its earlier rewrite (`prefix`).
 pub fn definitions_from(
     request: &ChatRequest,
     from: usize,
+    sent: &[Message],
     config: &PipelineConfig,
     counter: &TokenCounter,
     memo: &Memo,
@@ -398,11 +400,18 @@ pub fn definitions_from(
     };
     let catalog = Catalog::memoized(tools, &config.tools, memo);
     let plan = plan(&catalog, tools, request, &request.messages, &cx);
-    let placed: Vec<Placed> = plan
+    let mut placed: Vec<Placed> = plan
         .placed
         .into_iter()
         .filter(|p| p.at > from || (p.at == from && p.answered))
         .collect();
+    if placed.iter().any(|p| p.at == from) {
+        let defined = defined_in(sent);
+        for p in placed.iter_mut().filter(|p| p.at == from) {
+            p.names.retain(|name| !defined.contains(name));
+        }
+        placed.retain(|p| !p.names.is_empty());
+    }
     placed_definitions(&placed, tools, config.tools.definitions)
 }
 
@@ -636,23 +645,25 @@ mod tests {
             text(Role::User, "one"),
             text(Role::Assistant, "a1"),
             text(Role::User, "two"),
+            text(Role::User, "and three"),
             text(Role::Assistant, "a2"),
         ];
         // The window summarized the first turn, where the tool was called.
         let windowed = vec![
             text(Role::System, "sys + summary"),
             text(Role::User, "two"),
+            text(Role::User, "and three"),
             text(Role::Assistant, "a2"),
         ];
         let tools = [tool("b", false)];
         let pair = in_result(&tools, &["b"]);
         let placed: Vec<(usize, Message)> = pair.iter().map(|m| (2, m.clone())).collect();
         let out = insert(windowed.clone(), &original, &placed);
-        // After the kept history's first user message (Llama's templates take what follows
+        // After the kept history's first user messages (Llama's templates take what follows
         // the system message for the first user message).
-        assert_eq!(out[1], windowed[1]);
-        assert_eq!(out[2..4], pair[..]);
-        assert_eq!(out[4], windowed[2]);
+        assert_eq!(out[1..3], windowed[1..3]);
+        assert_eq!(out[3..5], pair[..]);
+        assert_eq!(out[5], windowed[3]);
     }
 
     #[test]

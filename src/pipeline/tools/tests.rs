@@ -410,3 +410,50 @@ fn a_budget_rerun_reads_the_decision_and_places_it_in_its_own_window() {
     assert_eq!(placed(&rerun.0).len(), 1);
     assert_ne!(first.0, rerun.0);
 }
+
+#[test]
+fn a_tool_named_by_tool_choice_is_defined_once_when_the_next_request_appends() {
+    let mut config = small_lists();
+    config.tools.definitions = crate::pipeline::config::Definitions::InResult;
+    config.compact.recall = false;
+    let counter = TokenCounter::new(Encoding::O200kBase);
+    let memo = Memo::default();
+    let env = Env {
+        config: &config,
+        counter: &counter,
+        memo: &memo,
+        budget: 1_000_000,
+        sticky_categories: &[],
+        reinforcement: None,
+        remembered: None,
+    };
+    let choice = json!({"type": "function", "function": {"name": "email_send"}});
+    let first = json!([{"role": "user", "content": "Is it raining in Paris today?"}]);
+    let body = |messages: &Value| {
+        let body = json!({"model": "gpt-4o", "messages": messages, "tools": offered(),
+            "tool_choice": choice});
+        serde_json::from_value::<ChatRequest>(body).unwrap()
+    };
+    let sent = run(&body(&first), &env).request;
+    // Defined last, as a call of the stub and its result.
+    assert_eq!(
+        inline::defined_in(&sent.messages),
+        BTreeSet::from(["email_send".to_owned()])
+    );
+    let mut next = first.as_array().unwrap().clone();
+    next.extend([
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "email_send", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "sent"}),
+        json!({"role": "user", "content": "Thanks"}),
+    ]);
+    let rewrite = run(&body(&Value::Array(next)), &env);
+    assert!(rewrite.report.prefix.as_ref().unwrap().rebuilt.is_none());
+    assert!(rewrite.request.messages.starts_with(&sent.messages));
+    // The call that the tool choice placed is the one the answer's call needed: one pair.
+    let calls: Vec<&str> = (rewrite.request.messages.iter())
+        .filter(|m| inline::is_definition_call(m))
+        .flat_map(|m| m.tool_calls().iter().map(|c| c.id.as_str()))
+        .collect();
+    assert_eq!(calls.len(), 1, "{:?}", rewrite.request.messages);
+}

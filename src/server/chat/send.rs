@@ -243,17 +243,19 @@ impl ChatCall<'_> {
             )
         };
         let mut answer = send(body.clone()).await?;
-        // An upstream whose chat template refuses a system message in mid-conversation: asked
-        // again with the definitions in the block, and so are its later requests.
+        // An upstream that refuses the definitions in the messages (`refusal::read`): asked again
+        // with them in the block, and so are its later requests.
         let client_tools = self.chat.tools.get().map_or(&[][..], Vec::as_slice);
         let in_block = (answer.response.status() == StatusCode::BAD_REQUEST)
             .then_some(with_stubs.as_ref())
             .flatten()
             .and_then(|request| inline::in_block_instead(request, client_tools));
         if let Some(in_block) = in_block {
-            match refusal::read(upstream, answer).await? {
+            let as_results = (with_stubs.as_ref())
+                .is_some_and(|r| r.messages.iter().any(inline::is_definition_call));
+            match refusal::read(upstream, answer, as_results).await? {
                 Answered::Other(other) => answer = other,
-                Answered::RefusedSystemMessage => {
+                Answered::RefusedDefinitions => {
                     let bytes = match &self.responses {
                         Some(converted) => responses::write(converted, &in_block),
                         None => serde_json::to_vec(&in_block),

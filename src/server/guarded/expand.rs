@@ -408,8 +408,8 @@ impl ExpandCall {
         })
     }
 
-    /// Asks again with `body`; an upstream that refuses the definitions message (a 400) is
-    /// asked once more with those tools in full in the block. The answer, and what was sent.
+    /// Asks again with `body`; an upstream that refuses the definitions in the messages (a 400,
+    /// `refusal::read`) is asked once more with those tools in full in the block. The answer, and what was sent.
     async fn ask(&mut self, body: Bytes) -> Result<(UpstreamResponse, Bytes), ProxyError> {
         let answer = self.send(body.clone()).await?;
         if answer.response.status().is_success() && std::mem::take(&mut self.unread) {
@@ -422,9 +422,10 @@ impl ExpandCall {
         let Some(in_block) = in_block else {
             return Ok((answer, body));
         };
-        match refusal::read(&self.upstream, answer).await? {
+        let as_results = self.request.messages.iter().any(inline::is_definition_call);
+        match refusal::read(&self.upstream, answer, as_results).await? {
             Answered::Other(answer) => Ok((answer, body)),
-            Answered::RefusedSystemMessage => {
+            Answered::RefusedDefinitions => {
                 self.request = in_block;
                 self.in_block = true;
                 let body = self.body()?;

@@ -1,6 +1,8 @@
-//! Upstreams whose chat template refuses a system message in mid-conversation (vLLM's "Only
-//! user and assistant roles are supported…" for Mistral's templates): such a 400 to a request
-//! that defines tools in a message is asked again with those tools in the block, and once that
+//! Upstreams that refuse the tool definitions a request places in its messages: a chat template
+//! that refuses a system message in mid-conversation (vLLM's "Only user and assistant roles are
+//! supported…" for Mistral's templates), or a provider that refuses an assistant tool call it
+//! did not write (one that wants the call's reasoning or signature back: DeepSeek, Kimi or
+//! Gemini thinking). Such a 400 is asked again with those tools in the block, and once that
 //! works, the upstream's later requests define tools in the block.
 
 use axum::body::Body;
@@ -14,22 +16,33 @@ use crate::upstream::{Upstream, UpstreamResponse};
 
 /// What a 400 said.
 pub enum Answered {
-    /// A chat template refused a system message that is not first.
-    RefusedSystemMessage,
+    /// The upstream refused the definitions in the messages.
+    RefusedDefinitions,
     /// Anything else: the answer, as it came.
     Other(UpstreamResponse),
 }
 
-/// Reads a 400 answer to tell a template's refusal of a system message from any other error
-/// (a context too long, an invalid parameter: the client's answer, never asked again).
-pub async fn read(upstream: &Upstream, answer: UpstreamResponse) -> Result<Answered, ProxyError> {
+/// Reads a 400 answer to a request that defines tools in its messages. Definitions given as
+/// calls' results (`as_results`) are taken as refused by any 400: what a provider says of a
+/// call it did not write varies, and asking again in the block costs one request where the
+/// error was another. A definitions system message is refused only by a template's role check;
+/// any other error (a context too long, an invalid parameter) is the client's answer, never
+/// asked again.
+pub async fn read(
+    upstream: &Upstream,
+    answer: UpstreamResponse,
+    as_results: bool,
+) -> Result<Answered, ProxyError> {
     if answer.response.status() != StatusCode::BAD_REQUEST {
         return Ok(Answered::Other(answer));
+    }
+    if as_results {
+        return Ok(Answered::RefusedDefinitions);
     }
     let deadline = answer.deadline;
     let (parts, bytes, started) = read_whole(upstream, answer).await?;
     if refuses_system_messages(&bytes) {
-        return Ok(Answered::RefusedSystemMessage);
+        return Ok(Answered::RefusedDefinitions);
     }
     Ok(Answered::Other(UpstreamResponse {
         response: Response::from_parts(parts, Body::from(bytes)),
