@@ -543,27 +543,6 @@ mod tests {
         text(Role::User, &format!("{HEADER}\n{{\"name\":\"x\"}}"))
     }
 
-    #[test]
-    fn definitions_can_move_into_the_block() {
-        let client = vec![tool("a", false), tool("b", false)];
-        let counter = crate::tokens::TokenCounter::new(crate::tokens::Encoding::O200kBase);
-        let memo = crate::pipeline::Memo::default();
-        let stubs = client
-            .iter()
-            .map(|t| super::super::stubs::stub(t, 24, &counter, &memo))
-            .collect();
-        let mut sent: ChatRequest =
-            serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
-        sent.messages = vec![text(Role::User, "one"), message(&client, &["b".to_owned()])];
-        sent.tools = Nullable::Value(stubs);
-        let moved = in_block_instead(&sent, &client).unwrap();
-        assert_eq!(moved.messages, vec![text(Role::User, "one")]);
-        let tools = moved.tools.get().unwrap();
-        assert_eq!(tools[1], client[1], "b in full, in its place");
-        assert_ne!(tools[0], client[0], "a still a stub");
-        assert!(in_block_instead(&moved, &client).is_none());
-    }
-
     fn in_result(tools: &[Tool], names: &[&str]) -> Vec<Message> {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         messages(tools, &names, Definitions::InResult)
@@ -617,25 +596,35 @@ mod tests {
     }
 
     #[test]
-    fn definitions_as_results_move_into_the_block_whole() {
+    fn definitions_in_either_form_can_move_into_the_block() {
         let client = vec![tool("a", false), tool("b", false)];
         let counter = crate::tokens::TokenCounter::new(crate::tokens::Encoding::O200kBase);
         let memo = crate::pipeline::Memo::default();
-        let stubs = client
+        let stubs: Vec<Tool> = client
             .iter()
             .map(|t| super::super::stubs::stub(t, 24, &counter, &memo))
             .collect();
-        let mut sent: ChatRequest =
-            serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
-        sent.messages = vec![text(Role::User, "one")];
-        sent.messages.extend(in_result(&client, &["b"]));
-        sent.tools = Nullable::Value(stubs);
-        let moved = in_block_instead(&sent, &client).unwrap();
-        assert_eq!(moved.messages, vec![text(Role::User, "one")]);
-        assert_eq!(moved.tools.get().unwrap()[1], client[1]);
-        // A re-ask in this form appends the pair.
-        let reasked = reask(&moved, &client, &["a".to_owned()], Definitions::InResult);
-        assert_eq!(reasked.messages[1..], in_result(&client, &["a"])[..]);
+        let b = ["b".to_owned()];
+        for form in [Definitions::InPlace, Definitions::InResult] {
+            let mut sent: ChatRequest =
+                serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
+            sent.messages = vec![text(Role::User, "one")];
+            sent.messages.extend(messages(&client, &b, form));
+            sent.tools = Nullable::Value(stubs.clone());
+            // A pair goes whole.
+            let moved = in_block_instead(&sent, &client).unwrap();
+            assert_eq!(moved.messages, vec![text(Role::User, "one")], "{form:?}");
+            let tools = moved.tools.get().unwrap();
+            assert_eq!(tools[1], client[1], "b in full, in its place");
+            assert_ne!(tools[0], client[0], "a still a stub");
+            assert!(in_block_instead(&moved, &client).is_none());
+            // A re-ask appends the definitions in the form asked.
+            let reasked = reask(&moved, &client, &["a".to_owned()], form);
+            assert_eq!(
+                reasked.messages[1..],
+                messages(&client, &["a".to_owned()], form)[..]
+            );
+        }
     }
 
     #[test]
