@@ -235,7 +235,11 @@ proptest! {
         }
         let last_user = |r: &ChatRequest| r.messages.iter().rev().find(|m| m.role == Role::User).cloned();
         prop_assert_eq!(serde_json::to_value(last_user(output)).unwrap(), serde_json::to_value(last_user(&request)).unwrap());
-        prop_assert!(counter.request(output) <= counter.request(&request));
+        // Never larger, unless tools too small to filter are filtered: a definition placed in
+        // the messages can then outweigh the stubs, and the block stays as decided.
+        if !in_result {
+            prop_assert!(counter.request(output) <= counter.request(&request));
+        }
         prop_assert_eq!(rewrite.report.tokens_after, counter.request(output));
         let again = pipeline::run(&request, &env);
         prop_assert_eq!(&again.request, output);
