@@ -171,7 +171,7 @@ pub fn is_definition(message: &Message) -> bool {
 pub fn definition_messages(messages: &[Message]) -> impl Iterator<Item = (&Message, &str)> {
     messages
         .iter()
-        .filter(|m| m.role == Role::System || (m.role == Role::Tool && is_definition_result(m)))
+        .filter(|m| m.role == Role::System || is_definition_result(m))
         .filter_map(|m| match m.content.get() {
             Some(Content::Text(text)) => text.strip_prefix(HEADER).map(|rest| (m, rest)),
             _ => None,
@@ -260,18 +260,8 @@ pub fn in_block_instead(sent: &ChatRequest, client: &[Tool]) -> Option<ChatReque
         .filter_map(|m| m.tool_call_id.get().map(String::as_str))
         .collect();
     request.messages.retain(|m| {
-        let definition = match m.role {
-            Role::System => is_definitions(m),
-            Role::Tool => is_definition_result(m),
-            Role::Assistant => {
-                is_definition_call(m)
-                    && m.tool_calls()
-                        .iter()
-                        .all(|c| results.contains(c.id.as_str()))
-            }
-            _ => false,
-        };
-        !definition
+        let answered = (m.tool_calls().iter()).all(|c| results.contains(c.id.as_str()));
+        !(is_definition(m) && answered)
     });
     if let Some(tools) = sent.tools.get() {
         request.tools = Nullable::Value(super::stubs::promote(tools, client, Some(&defined)));
