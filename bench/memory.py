@@ -4,7 +4,7 @@
     cargo build --release
     python3 bench/memory.py distinct [N] [KB]     # N (400) requests, each a distinct KB (1024) tool result
     python3 bench/memory.py soak [MINUTES] [FILE…] # replay of the dev files for MINUTES (20)
-    python3 bench/memory.py streams [N]            # idle RSS, and with N (1,000) streams in flight
+    python3 bench/memory.py streams [N] [RAMP]     # idle RSS, and with N (1,000) streams in flight
 
 Starts `ctxproxy mock-upstream` and `ctxproxy serve` (config.toml; the store is Redis when one
 answers at CTXPROXY_STORE_REDIS_URL / redis://127.0.0.1:6379, else memory; its keys go under a
@@ -22,8 +22,12 @@ results) at RATE (20) requests/s for MINUTES, RSS sampled every 10 s; prints the
 spread of the last half around its mean. Target: within ±10%.
 
 `streams`: the RSS of a proxy just started (`serve`, nothing sent) and after one request, then
-with N streamed agent requests (each ~6 KB, a conversation of its own) in flight at once: the
-mock streams 10 tokens/s, and the RSS is sampled while every stream is open. Targets (issue 34): idle ≤ 60 MB; ≤ 100 MB with 1,000 streams in flight.
+with N streamed agent requests (each ~6 KB, a conversation of its own) in flight: they are
+opened evenly over RAMP seconds (5; 0 sends them all at once), the mock streams 1 token/s (10
+with RAMP 0) so that each stream outlasts the ramp, and the RSS is sampled every 0.2 s. It
+prints the RSS once every stream is open and has stayed open for a second (what N streams in
+flight hold), and the peak (with RAMP 0, what N requests arriving at once cost on top).
+Targets (issue 34): idle ≤ 60 MB; ≤ 100 MB with 1,000 streams in flight.
 
 Exit 1 when a target is missed, 2 on a usage error or when a process does not start.
 """
@@ -267,9 +271,11 @@ def soak(minutes, files):
             p.terminate()
 
 
-async def hold_stream(port, body, opened, done):
-    """One streamed request: counted in `opened` once its first chunk arrived, read to its end."""
+async def hold_stream(port, body, opened, done, after=0.0):
+    """One streamed request, sent `after` seconds from now: counted in `opened` once its first
+    chunk arrived, read to its end."""
     import asyncio
+    await asyncio.sleep(after)
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -289,10 +295,10 @@ async def hold_stream(port, body, opened, done):
     writer.close()
 
 
-def streams(n):
+def streams(n, ramp):
     import asyncio
     logdir = tempfile.mkdtemp(prefix="ctxproxy-memory-")
-    procs, proxy, port, _ = start(logdir, ["--tokens-per-sec", "10"])
+    procs, proxy, port, _ = start(logdir, ["--tokens-per-sec", "1" if ramp > 0 else "10"])
     try:
         time.sleep(2)
         started = rss_mb(proxy.pid)
@@ -307,14 +313,17 @@ def streams(n):
         opened, done, peak = [], [], [0.0]
 
         async def run():
-            tasks = [asyncio.create_task(hold_stream(port, b, opened, done)) for b in bodies]
-            all_open_rss = None
+            tasks = [asyncio.create_task(hold_stream(port, b, opened, done, ramp * i / n))
+                     for i, b in enumerate(bodies)]
+            all_open_since, all_open_rss = None, None
             while len(done) < n:
                 await asyncio.sleep(0.2)
                 rss = rss_mb(proxy.pid)
                 peak[0] = max(peak[0], rss)
-                if all_open_rss is None and len(opened) == n:
-                    all_open_rss = rss
+                if len(opened) == n and not done:
+                    all_open_since = all_open_since or time.time()
+                    if all_open_rss is None and time.time() - all_open_since >= 1.0:
+                        all_open_rss = rss
                 if all(t.done() for t in tasks):
                     break
             for t in tasks:
@@ -324,16 +333,22 @@ def streams(n):
 
         t0 = time.time()
         all_open = asyncio.run(run())
-        print(f"{n} streams, {len(opened)} opened, {len(done)} ended, in {time.time() - t0:.1f} s")
+        print(f"{n} streams over {ramp:g} s, {len(opened)} opened, {len(done)} ended, "
+              f"in {time.time() - t0:.1f} s")
         time.sleep(3)
         print(f"RSS 3 s after the last ended {rss_mb(proxy.pid):.0f} MB; caches (MB): "
               f"{cache_bytes(port)}")
-        ok_idle, ok_peak = idle <= 60, peak[0] <= 100 and len(done) == n
+        ok_idle = idle <= 60
+        ok_open = all_open is not None and all_open <= 100 and len(done) == n
         print(f"RSS just started {started:.0f} MB, idle after one request {idle:.0f} MB "
               f"(target ≤ 60: {'met' if ok_idle else 'MISSED'})")
-        print(f"RSS with every stream open {all_open or 0:.0f} MB, peak {peak[0]:.0f} MB "
-              f"(target ≤ 100: {'met' if ok_peak else 'MISSED'})")
-        return 0 if ok_idle and ok_peak else 1
+        if all_open is None:
+            print(f"the {n} streams were never all open for a second (peak {peak[0]:.0f} MB): "
+                  f"lower RAMP")
+        else:
+            print(f"RSS with every stream open {all_open:.0f} MB (target ≤ 100: "
+                  f"{'met' if ok_open else 'MISSED'}), peak {peak[0]:.0f} MB")
+        return 0 if ok_idle and ok_open else 1
     finally:
         for p in procs:
             p.terminate()
@@ -357,7 +372,8 @@ def main():
             return 2
         return soak(minutes, files)
     if mode == "streams":
-        return streams(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
+        return streams(int(sys.argv[2]) if len(sys.argv) > 2 else 1000,
+                       float(sys.argv[3]) if len(sys.argv) > 3 else 5.0)
     print(__doc__, file=sys.stderr)
     return 2
 

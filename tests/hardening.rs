@@ -149,6 +149,42 @@ async fn slow_headers_and_idle_connections_are_closed() {
 }
 
 #[tokio::test]
+async fn a_connection_stalled_inside_the_http2_preface_is_closed_at_the_header_timeout() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(&mock, "header_read_timeout_ms = 300\nidle_timeout_ms = 600").await;
+    // Neither HTTP/1 nor yet HTTP/2: the protocol can't be told, and the header clock runs.
+    let mut stalled = TcpStream::connect(proxy.addr).await.unwrap();
+    stalled.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(closed_within(&mut stalled, Duration::from_secs(3)).await);
+    chat_ok(&proxy).await;
+}
+
+#[tokio::test]
+async fn an_http2_client_with_prior_knowledge_is_served_like_an_http1_one() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = proxy_for(&mock, "").await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]});
+    for _ in 0..2 {
+        let answer = h2
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.version(), reqwest::Version::HTTP_2);
+        assert_eq!(answer.status(), 200);
+        let answer: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(answer["object"], "chat.completion");
+    }
+    chat_ok(&proxy).await;
+}
+
+#[tokio::test]
 async fn a_long_answer_is_not_cut_by_the_idle_timeout() {
     let mock = start_mock(MockOptions {
         latency: Duration::from_millis(800),

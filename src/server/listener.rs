@@ -3,7 +3,8 @@
 //! first request's headers within `header_read_timeout` of the connection's start, and a
 //! connection with nothing in progress closed `idle_timeout` after its last request ended
 //! (bytes alone, an HTTP/2 ping or a slow header, never keep it). Graceful shutdown lives here
-//! too.
+//! too. Each connection is served by hyper's HTTP/1 or HTTP/2 server, told apart by peeking at
+//! its first bytes: nothing is read and replayed, so no buffer is held for it.
 
 use std::future::Future;
 use std::io;
@@ -17,7 +18,7 @@ use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::{http1, http2};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -33,6 +34,11 @@ use crate::metrics::Metrics;
 const CONNECTION_WAIT: Duration = Duration::from_secs(1);
 /// Pause after an accept error (out of file descriptors, say) before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// What an HTTP/2 client sends first (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Pause before peeking again at a connection whose first bytes are a part of the HTTP/2
+/// preface and nothing more yet.
+const PEEK_AGAIN: Duration = Duration::from_millis(5);
 
 /// The timeouts one connection lives by.
 #[derive(Debug, Clone, Copy)]
@@ -63,16 +69,7 @@ pub async fn serve(
     let limits = ClientLimits::of(config);
     let places = Arc::new(Semaphore::new(config.max_connections));
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    // hyper's header timer runs from the end of each response, so it bounds a kept-alive
-    // connection's wait for its next request: the idle timeout. The first request's headers are
-    // bounded by `Watched`, from the connection's start.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle.max(limits.header_read))
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    let builders = Arc::new(Builders::new(limits));
     let mut shutdown = pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -93,7 +90,7 @@ pub async fn serve(
         let places = places.clone();
         let open = OpenConnection::new(metrics);
         let refused = metrics.connections_refused.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let router = router.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -110,12 +107,32 @@ pub async fn serve(
                 },
             };
             let activity = Arc::new(Activity::new());
-            let io = TokioIo::new(Watched::new(tcp, activity.clone(), limits));
-            let service = tracked(router, activity);
-            let connection = builder
-                .serve_connection_with_upgrades(io, service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
+            // The first request's headers are due `header_read` after the connection's start,
+            // the peek included.
+            let first_headers_due = Instant::now() + limits.header_read;
+            let served = match protocol(&tcp, first_headers_due).await {
+                Ok(protocol) => {
+                    let io = TokioIo::new(Watched::new(tcp, activity.clone(), limits));
+                    let service = tracked(router, activity);
+                    match protocol {
+                        Protocol::Http1 => {
+                            watcher
+                                .watch(builders.http1.serve_connection(io, service))
+                                .await
+                        }
+                        Protocol::Http2 => {
+                            watcher
+                                .watch(builders.http2.serve_connection(io, service))
+                                .await
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "connection closed before its protocol was known");
+                    Ok(())
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop((open, place));
@@ -129,6 +146,71 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// hyper's servers, one per protocol, shared by every connection.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(limits: ClientLimits) -> Self {
+        let mut http1 = http1::Builder::new();
+        // hyper's header timer runs from the end of each response, so it bounds a kept-alive
+        // connection's wait for its next request: the idle timeout. The first request's headers
+        // are bounded by `Watched`, from the connection's start.
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.idle.max(limits.header_read))
+            .keep_alive(true);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        Builders { http1, http2 }
+    }
+}
+
+/// The protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+impl Protocol {
+    /// What `first_bytes` of a connection tell: HTTP/2 once they hold the whole preface,
+    /// HTTP/1 as soon as they differ from it, and nothing yet while they are a part of it.
+    fn of(first_bytes: &[u8]) -> Option<Protocol> {
+        let seen = first_bytes.len().min(H2_PREFACE.len());
+        if first_bytes[..seen] != H2_PREFACE[..seen] {
+            Some(Protocol::Http1)
+        } else if seen == H2_PREFACE.len() {
+            Some(Protocol::Http2)
+        } else {
+            None
+        }
+    }
+}
+
+/// The protocol `tcp` speaks, from its first bytes, peeked at and left to be read; an error
+/// when the client closes or `due` passes before they tell.
+async fn protocol(tcp: &TcpStream, due: Instant) -> io::Result<Protocol> {
+    let mut first_bytes = [0u8; H2_PREFACE.len()];
+    loop {
+        let peeked = tokio::time::timeout_at(due, tcp.peek(&mut first_bytes))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request line in time"))??;
+        if peeked == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if let Some(protocol) = Protocol::of(&first_bytes[..peeked]) {
+            return Ok(protocol);
+        }
+        if Instant::now() + PEEK_AGAIN >= due {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no request line in time"));
+        }
+        tokio::time::sleep(PEEK_AGAIN).await;
+    }
 }
 
 /// The open-connections gauge, decremented however the connection's task ends.
@@ -313,5 +395,25 @@ impl AsyncWrite for Watched {
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_http2_only_once_they_hold_the_whole_preface() {
+        assert_eq!(Protocol::of(H2_PREFACE), Some(Protocol::Http2));
+        assert_eq!(Protocol::of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0"), Some(Protocol::Http2));
+        assert_eq!(Protocol::of(b"PRI * HTTP/2"), None);
+        assert_eq!(Protocol::of(b"P"), None);
+    }
+
+    #[test]
+    fn the_first_bytes_tell_http1_as_soon_as_they_leave_the_preface() {
+        assert_eq!(Protocol::of(b"PO"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of(b"PRI * HTTP/1.1\r\n"), Some(Protocol::Http1));
     }
 }
