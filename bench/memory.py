@@ -21,7 +21,8 @@ the idle RSS.
 results) at RATE (20) requests/s for MINUTES, RSS sampled every 10 s; prints the samples and the
 spread of the last half around its mean. Target: within ±10%.
 
-`streams`: the RSS of a proxy just started (`serve`, nothing sent) and after one request, then
+`streams`: the RSS of a proxy just started (`serve`, nothing sent) and idle 6 s after one
+request (a housekeeping sweep later, when the allocator has given back what it freed), then
 with N streamed agent requests (each ~6 KB, a conversation of its own) in flight: they are
 opened evenly over RAMP seconds (5; 0 sends them all at once), the mock streams 1 token/s (10
 with RAMP 0) so that each stream outlasts the ramp, and the RSS is sampled every 0.2 s. It
@@ -303,7 +304,8 @@ def streams(n, ramp):
         time.sleep(2)
         started = rss_mb(proxy.pid)
         post(port, agent_request(10**6, 4))
-        time.sleep(2)
+        # A housekeeping sweep (every 5 s) later: what the allocator freed is given back then.
+        time.sleep(6)
         idle = rss_mb(proxy.pid)
         bodies = []
         for i in range(n):

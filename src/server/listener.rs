@@ -17,8 +17,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -195,11 +195,12 @@ impl Protocol {
 /// The protocol `tcp` speaks, from its first bytes, peeked at and left to be read; an error
 /// when the client closes or `due` passes before they tell.
 async fn protocol(tcp: &TcpStream, due: Instant) -> io::Result<Protocol> {
+    let late = || io::Error::new(io::ErrorKind::TimedOut, "no request line in time");
     let mut first_bytes = [0u8; H2_PREFACE.len()];
     loop {
         let peeked = tokio::time::timeout_at(due, tcp.peek(&mut first_bytes))
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request line in time"))??;
+            .map_err(|_| late())??;
         if peeked == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
@@ -207,7 +208,7 @@ async fn protocol(tcp: &TcpStream, due: Instant) -> io::Result<Protocol> {
             return Ok(protocol);
         }
         if Instant::now() + PEEK_AGAIN >= due {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "no request line in time"));
+            return Err(late());
         }
         tokio::time::sleep(PEEK_AGAIN).await;
     }
@@ -405,7 +406,10 @@ mod tests {
     #[test]
     fn the_first_bytes_tell_http2_only_once_they_hold_the_whole_preface() {
         assert_eq!(Protocol::of(H2_PREFACE), Some(Protocol::Http2));
-        assert_eq!(Protocol::of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0"), Some(Protocol::Http2));
+        assert_eq!(
+            Protocol::of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0"),
+            Some(Protocol::Http2)
+        );
         assert_eq!(Protocol::of(b"PRI * HTTP/2"), None);
         assert_eq!(Protocol::of(b"P"), None);
     }
