@@ -13,7 +13,9 @@
 
 //!
 //! The parts: `classify.rs` scores the categories of a turn's words, `block.rs` decides the
-//! block of the first turn, `inline.rs` places the definitions of later needs in the messages,
+//! block of the first turn, `concise.rs` is a tool in full as the stage sends it (the client's
+//! definition without the titles that restate a name), `inline.rs` places the definitions of
+//! later needs in the messages,
 //! `report.rs` is the stage's account, `decision.rs` what one rewrite's runs share of it,
 //! `append.rs` is what `prefix.rs` reads of the stage, and `chain.rs` is the block a chained
 //! Responses request sends (`seen.rs`).
@@ -23,6 +25,7 @@ mod block;
 pub(crate) mod catalog;
 pub mod chain;
 mod classify;
+pub mod concise;
 pub(super) mod decision;
 pub mod inline;
 pub mod report;
@@ -127,7 +130,7 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
             continue;
         };
         let form = if plan.full.contains(name) {
-            kept.push(tool.clone());
+            kept.push(concise::concise(tool));
             ToolForm::Full
         } else if plan.stubs {
             let max = config.stub_description_tokens;

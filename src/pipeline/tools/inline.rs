@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use super::block::sends_block_whole;
 use super::catalog::{Catalog, tool_name};
 use super::classify::{matched_of, turn_scores};
+use super::concise::concise;
 use super::plan;
 use crate::openai::{
     ChatRequest, Content, Extra, FunctionCall, Message, Nullable, Role, Tool, ToolCall,
@@ -54,16 +55,16 @@ pub fn is_strict(tool: &Tool) -> bool {
 }
 
 /// The system message defining the named tools, in the client's order, each as the compact JSON
-/// of the client's function object on its own line.
+/// of the client's function object (`concise`) on its own line.
 pub fn message(client_tools: &[Tool], names: &[String]) -> Message {
     let mut text = String::from(HEADER);
     for tool in client_tools {
-        let (Some(name), Some(function)) = (tool_name(tool), tool.function.as_ref()) else {
+        if !tool_name(tool).is_some_and(|name| names.iter().any(|n| n == name)) {
             continue;
-        };
-        if names.iter().any(|n| n == name) {
+        }
+        if let Some(function) = concise(tool).function {
             text.push('\n');
-            text.push_str(&serde_json::to_string(function).unwrap_or_default());
+            text.push_str(&serde_json::to_string(&function).unwrap_or_default());
         }
     }
     Message::text(Role::System, text)

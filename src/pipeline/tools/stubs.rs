@@ -13,6 +13,7 @@ use crate::pipeline::memo::Memo;
 use crate::tokens::TokenCounter;
 
 use super::catalog::tool_name;
+use super::concise::concise;
 
 /// How a tool went upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -99,20 +100,20 @@ fn first_sentence(text: &str) -> &str {
     line
 }
 
-/// The names of the tools `sent` offers as stubs: those whose definition differs from the
-/// client's tool of the same name.
+/// The names of the tools `sent` offers as stubs: those whose definition is neither the
+/// client's tool of the same name nor its `concise` form.
 pub fn stubbed(sent: &[Tool], client: &[Tool]) -> Vec<String> {
     sent.iter()
         .filter_map(|tool| {
             let name = tool_name(tool)?;
             let original = client.iter().find(|c| tool_name(c) == Some(name))?;
-            (original != tool).then(|| name.to_owned())
+            (original != tool && concise(original) != *tool).then(|| name.to_owned())
         })
         .collect()
 }
 
-/// `sent` with the tools named in `names` back to the client's definitions (all of them when
-/// `names` is `None`), in place: the block keeps its order.
+/// `sent` with the tools named in `names` back in full, the client's definitions in their
+/// `concise` form (all of them when `names` is `None`), in place: the block keeps its order.
 pub fn promote(sent: &[Tool], client: &[Tool], names: Option<&[String]>) -> Vec<Tool> {
     sent.iter()
         .map(|tool| {
@@ -121,7 +122,7 @@ pub fn promote(sent: &[Tool], client: &[Tool], names: Option<&[String]>) -> Vec<
             };
             let wanted = names.is_none_or(|names| names.iter().any(|n| n == name));
             match client.iter().find(|c| tool_name(c) == Some(name)) {
-                Some(original) if wanted => original.clone(),
+                Some(original) if wanted => concise(original),
                 _ => tool.clone(),
             }
         })

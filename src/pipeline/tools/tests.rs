@@ -457,3 +457,64 @@ fn a_tool_named_by_tool_choice_is_defined_once_when_the_next_request_appends() {
         .collect();
     assert_eq!(calls.len(), 1, "{:?}", rewrite.request.messages);
 }
+
+#[test]
+fn a_tool_in_full_goes_without_the_titles_that_restate_a_name_and_is_no_stub() {
+    let titled = |name: &str, description: &str| {
+        json!({"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"title": "parameters", "type": "object", "properties": {
+                "day": {"title": "Day", "type": "string", "description": "ISO date."}},
+                "required": ["day"]}}})
+    };
+    let tools = vec![
+        titled("calendar_list_events", "List the meetings of a day."),
+        titled("email_send", "Send an email message."),
+    ];
+    let messages = json!([
+        {"role": "user", "content": "what's on my calendar today?"},
+        {"role": "assistant", "content": "Let me look."},
+        {"role": "user", "content": "and mail Ann the list"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "email_send", "arguments": "{\"day\":\"2026-11-27\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sent"}
+    ]);
+    let (_, request) = sent_from(tools.clone(), messages, json!({}), &[], |c| {
+        c.tools.left_out = LeftOut::Stub;
+        c.tools.on_no_match = OnNoMatch::Stub;
+    });
+    let concise = json!({"type": "object", "properties": {
+        "day": {"type": "string", "description": "ISO date."}}, "required": ["day"]});
+    let sent = request.tools.get().unwrap();
+    let full = sent
+        .iter()
+        .find(|t| tool_name(t) == Some("calendar_list_events"))
+        .unwrap();
+    assert_eq!(
+        full.function
+            .as_ref()
+            .unwrap()
+            .parameters
+            .get()
+            .unwrap()
+            .value(),
+        &concise
+    );
+    // The later tool's definition, in the messages, is as concise.
+    let definitions = inline::definitions_in(&request.messages);
+    assert_eq!(definitions.len(), 1);
+    assert_eq!(definitions[0]["parameters"], concise);
+    // What the guards read as stubs: the stub only, not the full tool in its concise form.
+    let client: Vec<Tool> = serde_json::from_value(Value::Array(tools)).unwrap();
+    assert_eq!(stubs::stubbed(sent, &client), ["email_send"]);
+    let promoted = stubs::promote(sent, &client, None);
+    assert!(promoted.iter().all(|t| {
+        t.function
+            .as_ref()
+            .unwrap()
+            .parameters
+            .get()
+            .unwrap()
+            .value()
+            == &concise
+    }));
+}
