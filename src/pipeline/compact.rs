@@ -222,9 +222,10 @@ pub(super) enum Form {
 }
 
 /// A tool result as the working set keeps it, and as a message appended between
-/// recompactions is sent (`prefix.rs`): whole, or, over `tool_result_max_tokens`, compacted
-/// without losing a field or an identifier (only nulls, empty values and long prose go).
-/// `None` when it is sent as it is.
+/// recompactions is sent (`prefix.rs`): whole (without the MCP envelopes that say nothing but
+/// what they wrap, `payload::bare`), or, over `tool_result_max_tokens`, compacted without
+/// losing a field or an identifier (only nulls, empty values and long prose go). `None` when it
+/// is sent as it is.
 pub(super) fn working_set_result(
     result: &ResultText<'_>,
     config: &PipelineConfig,
@@ -400,7 +401,15 @@ fn lossless(
 ) -> Option<(String, Form)> {
     let max_tokens = config.compact.tool_result_max_tokens;
     if counter.text(text) <= max_tokens {
-        return minified(text).map(|json| (json, Form::Json));
+        // Whole, less the MCP envelopes that say nothing but what they wrap.
+        let Some(inner) = payload::bare(text) else {
+            return minified(text).map(|json| (json, Form::Json));
+        };
+        return Some(match minified(&inner) {
+            Some(json) => (json, Form::Json),
+            None if super::identifiers::parse_json(&inner).is_some() => (inner, Form::Json),
+            None => (inner, Form::Text),
+        });
     }
     let (compacted, form) = match &*read_result(text, memo) {
         Read::Tree(value) => {

@@ -114,6 +114,85 @@ fn is_tool_result(map: &Map<String, Value>) -> bool {
         })
 }
 
+/// What the MCP envelopes around `text` wrap, when they say nothing else: their annotations and
+/// metadata are null, the result is no error, every part is text, and the structured content,
+/// if any, repeats the parts (FastMCP's `{"result": [parts]}`) or is the JSON their one text
+/// holds. `None` when `text` is no such envelope. Unlike `read`, nothing is left out but what
+/// is null or said twice: the working set keeps a result this way.
+pub fn bare(text: &str) -> Option<String> {
+    let mut current: Option<String> = None;
+    for _ in 0..MAX_ENVELOPES {
+        let Some(value) = parse_json(current.as_deref().unwrap_or(text)) else {
+            break;
+        };
+        match bare_opened(&value) {
+            Some(inner) => current = Some(inner),
+            None => break,
+        }
+    }
+    current
+}
+
+/// `opened`, for an envelope that says nothing but what it wraps.
+fn bare_opened(value: &Value) -> Option<String> {
+    let map = value.as_object()?;
+    if is_bare_text_part(map) {
+        return map.get("text")?.as_str().map(str::to_owned);
+    }
+    let silent = |key: &str| map.get(key).is_none_or(Value::is_null);
+    let parts = map.get("content")?.as_array()?;
+    let texts: Vec<&str> = parts
+        .iter()
+        .map(|p| {
+            p.as_object()
+                .filter(|p| is_bare_text_part(p))?
+                .get("text")?
+                .as_str()
+        })
+        .collect::<Option<_>>()?;
+    let fields = map.keys().all(|k| {
+        matches!(
+            k.as_str(),
+            "content" | "structuredContent" | "isError" | "meta" | "_meta"
+        )
+    });
+    let no_error = map.get("isError").is_none_or(|e| e == &Value::Bool(false));
+    let structured = map
+        .get("structuredContent")
+        .is_none_or(|s| s.is_null() || repeats(s, &texts));
+    (fields && no_error && silent("meta") && silent("_meta") && structured && !texts.is_empty())
+        .then(|| texts.join("\n"))
+}
+
+/// `{"type": "text", "text": "…"}`, with only null annotations and metadata beside.
+fn is_bare_text_part(map: &Map<String, Value>) -> bool {
+    is_text_part(map)
+        && ["annotations", "meta", "_meta"]
+            .iter()
+            .all(|k| map.get(*k).is_none_or(Value::is_null))
+}
+
+/// Whether structured content says what the text parts `texts` say: the same parts (under
+/// `result`, as FastMCP wraps them), or the JSON of the one text.
+fn repeats(structured: &Value, texts: &[&str]) -> bool {
+    let inner = match structured.as_object() {
+        Some(map) if map.len() == 1 => map.get("result").unwrap_or(structured),
+        _ => structured,
+    };
+    let same_parts = inner.as_array().is_some_and(|parts| {
+        parts.len() == texts.len()
+            && parts.iter().zip(texts).all(|(part, text)| {
+                part.as_object()
+                    .filter(|p| is_bare_text_part(p))
+                    .and_then(|p| p.get("text"))
+                    .and_then(Value::as_str)
+                    == Some(*text)
+            })
+    });
+    same_parts
+        || matches!(texts, [text] if parse_json(text).is_some_and(|v| &v == inner || &v == structured))
+}
+
 /// A Python literal (`repr` of dicts, lists, tuples, strings, numbers, `None`/`True`/`False`,
 /// `Decimal('1.5')`, `datetime.date(2024, 5, 1)`) as JSON, when the whole text is one
 /// container.
@@ -372,6 +451,44 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_bare_envelope_is_what_it_wraps_when_it_says_nothing_else() {
+        // FastMCP: a text part holding a result whose structured content repeats its parts.
+        let result = json!({"meta": null, "content": [{"type": "text", "text": "No results",
+            "annotations": null, "meta": null}], "structuredContent": {"result": [{"type": "text",
+            "text": "No results", "annotations": null, "_meta": null}]}, "isError": false});
+        let part = json!({"type": "text", "text": result.to_string(), "annotations": null,
+            "meta": null});
+        assert_eq!(bare(&part.to_string()).as_deref(), Some("No results"));
+        // Structured content that is the JSON of the one text part.
+        let rows = r#"{"rows":[[1,"Ann"]]}"#;
+        let result = json!({"content": [{"type": "text", "text": rows}],
+            "structuredContent": {"rows": [[1, "Ann"]]}});
+        assert_eq!(bare(&result.to_string()).as_deref(), Some(rows));
+    }
+
+    #[test]
+    fn an_envelope_that_says_more_than_its_text_stays() {
+        let said_more = [
+            // an error
+            json!({"content": [{"type": "text", "text": "denied"}], "isError": true}),
+            // structured content of its own
+            json!({"content": [{"type": "text", "text": "2 rows"}],
+                "structuredContent": {"rows": [[1], [2]]}}),
+            // annotations that are not null
+            json!({"type": "text", "text": "x", "annotations": {"audience": ["user"]}}),
+            // a part that is not text
+            json!({"content": [{"type": "image", "data": "AAAA", "mimeType": "image/png"}]}),
+            // another field
+            json!({"content": [{"type": "text", "text": "x"}], "nextCursor": "c2"}),
+        ];
+        for envelope in said_more {
+            assert_eq!(bare(&envelope.to_string()), None, "{envelope}");
+        }
+        assert_eq!(bare("No results"), None);
+        assert_eq!(bare(r#"{"id": 7}"#), None);
+    }
 
     #[test]
     fn opens_mcp_envelopes_down_to_the_result() {
