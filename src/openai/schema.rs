@@ -2,10 +2,11 @@
 //! and hashed and serialized once. A request's tools are counted and keyed many times per
 //! request (every earlier point of a conversation, every budget step), and walking each schema
 //! for its hash was a tenth of a warm request's instructions; writing the schemas of the tools
-//! sent was another twentieth.
+//! sent was another twentieth. Its concise form (what the tools stage sends of a tool in full)
+//! is made once too.
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use foldhash::quality::FixedState;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -18,6 +19,7 @@ pub struct Schema {
     value: Value,
     hash: OnceLock<u64>,
     json: OnceLock<Option<Box<RawValue>>>,
+    concise: OnceLock<Option<Arc<Schema>>>,
 }
 
 const SCHEMA_SEED: u64 = 0x7363_6865_6d61_0001;
@@ -28,7 +30,17 @@ impl Schema {
             value,
             hash: OnceLock::new(),
             json: OnceLock::new(),
+            concise: OnceLock::new(),
         }
+    }
+
+    /// The schema's concise form (`pipeline::tools::concise`: it is a function's, and the form
+    /// depends on the function's name), made by `make` once for every request that shares this
+    /// schema; `None` when it is this schema.
+    pub fn concise(&self, make: impl FnOnce(&Value) -> Option<Value>) -> Option<Arc<Schema>> {
+        self.concise
+            .get_or_init(|| make(&self.value).map(|value| Arc::new(Schema::new(value))))
+            .clone()
     }
 
     /// The schema as compact JSON (what `serde_json::to_string` writes), written on first use.
@@ -63,7 +75,7 @@ impl std::ops::Deref for Schema {
 
 impl PartialEq for Schema {
     fn eq(&self, other: &Schema) -> bool {
-        self.value == other.value
+        std::ptr::eq(self, other) || self.value == other.value
     }
 }
 

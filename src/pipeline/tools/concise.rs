@@ -6,11 +6,9 @@
 //! that says anything else is kept, and so is every other keyword: what a model or a validator
 //! reads of the schema is unchanged.
 
-use std::sync::Arc;
-
 use serde_json::{Map, Value};
 
-use crate::openai::{Nullable, Schema, Tool};
+use crate::openai::{Nullable, Tool};
 
 /// The keywords whose value maps names to schemas: a schema under them is named by its key.
 const NAMED_SCHEMAS: [&str; 3] = ["properties", "$defs", "definitions"];
@@ -33,12 +31,14 @@ pub fn concise(tool: &Tool) -> Tool {
     let Some(schema) = function.parameters.get() else {
         return tool.clone();
     };
-    let Some(parameters) = without_restating_titles(schema.value(), &function.name) else {
+    let Some(parameters) =
+        schema.concise(|schema| without_restating_titles(schema, &function.name))
+    else {
         return tool.clone();
     };
     let mut tool = tool.clone();
     if let Some(function) = tool.function.as_mut() {
-        function.parameters = Nullable::Value(Arc::new(Schema::new(parameters)));
+        function.parameters = Nullable::Value(parameters);
     }
     tool
 }
@@ -121,6 +121,8 @@ fn words(text: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::json;
 
     use super::*;
