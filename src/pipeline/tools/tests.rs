@@ -484,21 +484,14 @@ fn a_tool_in_full_goes_without_the_titles_that_restate_a_name_and_is_no_stub() {
     });
     let concise = json!({"type": "object", "properties": {
         "day": {"type": "string", "description": "ISO date."}}, "required": ["day"]});
+    let parameters =
+        |tool: &Tool| serde_json::to_value(tool).unwrap()["function"]["parameters"].take();
     let sent = request.tools.get().unwrap();
     let full = sent
         .iter()
         .find(|t| tool_name(t) == Some("calendar_list_events"))
         .unwrap();
-    assert_eq!(
-        full.function
-            .as_ref()
-            .unwrap()
-            .parameters
-            .get()
-            .unwrap()
-            .value(),
-        &concise
-    );
+    assert_eq!(parameters(full), concise);
     // The later tool's definition, in the messages, is as concise.
     let definitions = inline::definitions_in(&request.messages);
     assert_eq!(definitions.len(), 1);
@@ -507,14 +500,5 @@ fn a_tool_in_full_goes_without_the_titles_that_restate_a_name_and_is_no_stub() {
     let client: Vec<Tool> = serde_json::from_value(Value::Array(tools)).unwrap();
     assert_eq!(stubs::stubbed(sent, &client), ["email_send"]);
     let promoted = stubs::promote(sent, &client, None);
-    assert!(promoted.iter().all(|t| {
-        t.function
-            .as_ref()
-            .unwrap()
-            .parameters
-            .get()
-            .unwrap()
-            .value()
-            == &concise
-    }));
+    assert!(promoted.iter().all(|t| parameters(t) == concise));
 }
