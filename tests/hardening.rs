@@ -160,6 +160,30 @@ async fn a_connection_stalled_inside_the_http2_preface_is_closed_at_the_header_t
 }
 
 #[tokio::test]
+async fn a_request_whose_first_byte_comes_alone_is_served() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = limited(&mock, "header_read_timeout_ms = 2000").await;
+    // `P` could start `PRI` (HTTP/2) or `POST`: the protocol is told by the next bytes.
+    let mut pending = TcpStream::connect(proxy.addr).await.unwrap();
+    pending.write_all(b"P").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    pending
+        .write_all(b"OST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), pending.read_to_end(&mut answer))
+        .await
+        .expect("answered")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400"),
+        "an HTTP/1 answer: {answer}"
+    );
+}
+
+#[tokio::test]
 async fn an_http2_client_with_prior_knowledge_is_served_like_an_http1_one() {
     let mock = start_mock(MockOptions::default()).await;
     let proxy = proxy_for(&mock, "").await;

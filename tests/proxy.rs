@@ -520,6 +520,25 @@ async fn a_stream_in_flight_during_shutdown_completes() {
 }
 
 #[tokio::test]
+async fn a_connection_that_sent_nothing_does_not_hold_the_shutdown() {
+    let mock = start_mock(MockOptions::default()).await;
+    // The first request's headers would be due in 10 s: the shutdown does not wait for them.
+    let mut proxy = proxy_for(
+        &mock,
+        "[server]\nshutdown_grace_secs = 20\nheader_read_timeout_ms = 10000\n",
+    )
+    .await;
+    let silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.begin_shutdown();
+    tokio::time::timeout(Duration::from_secs(3), proxy.join())
+        .await
+        .expect("shut down without waiting for the silent connection")
+        .unwrap();
+    drop(silent);
+}
+
+#[tokio::test]
 async fn concurrency_limit_applies_back_pressure_then_503() {
     let mock = start_mock(MockOptions {
         tokens_per_sec: Some(10.0),

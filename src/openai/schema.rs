@@ -19,7 +19,8 @@ pub struct Schema {
     value: Value,
     hash: OnceLock<u64>,
     json: OnceLock<Option<Box<RawValue>>>,
-    concise: OnceLock<Option<Arc<Schema>>>,
+    /// The concise form, and the name of the function it was made for.
+    concise: OnceLock<(String, Option<Arc<Schema>>)>,
 }
 
 const SCHEMA_SEED: u64 = 0x7363_6865_6d61_0001;
@@ -34,13 +35,23 @@ impl Schema {
         }
     }
 
-    /// The schema's concise form (`pipeline::tools::concise`: it is a function's, and the form
-    /// depends on the function's name), made by `make` once for every request that shares this
-    /// schema; `None` when it is this schema.
-    pub fn concise(&self, make: impl FnOnce(&Value) -> Option<Value>) -> Option<Arc<Schema>> {
-        self.concise
-            .get_or_init(|| make(&self.value).map(|value| Arc::new(Schema::new(value))))
-            .clone()
+    /// The concise form of this schema as the parameters of the function `name`
+    /// (`pipeline::tools::concise`), made by `make` once for every request that shares this
+    /// schema (made again, not kept, for another name); `None` when it is this schema.
+    pub fn concise(
+        &self,
+        name: &str,
+        make: impl Fn(&Value) -> Option<Value>,
+    ) -> Option<Arc<Schema>> {
+        let made = |make: &dyn Fn(&Value) -> Option<Value>| {
+            make(&self.value).map(|value| Arc::new(Schema::new(value)))
+        };
+        let (made_for, concise) = self.concise.get_or_init(|| (name.to_owned(), made(&make)));
+        if made_for == name {
+            concise.clone()
+        } else {
+            made(&make)
+        }
     }
 
     /// The schema as compact JSON (what `serde_json::to_string` writes), written on first use.

@@ -154,15 +154,17 @@ impl Stage for CompactStage {
             if tokens <= max_tokens {
                 // Within the configured cap too, the working-set form is the minified JSON,
                 // memoized: each point and budget step meets the same result again.
-                let json = if tokens <= cx.config.compact.tool_result_max_tokens {
+                let kept = if tokens <= cx.config.compact.tool_result_max_tokens {
                     working_set_result(&result, cx.config, cx.counter, cx.memo)
-                        .map(|(json, _)| json)
                 } else {
-                    minified(text).map(SharedText::from)
+                    minified(text).map(|json| (SharedText::from(json), Form::Json))
                 };
-                if let Some(json) = json {
-                    json_compacted += 1;
-                    replace(index, json);
+                if let Some((kept, form)) = kept {
+                    match form {
+                        Form::Json => json_compacted += 1,
+                        Form::Text => text_compacted += 1,
+                    }
+                    replace(index, kept);
                 }
                 continue;
             }

@@ -160,7 +160,17 @@ fn bare_opened(value: &Value) -> Option<String> {
     let structured = map
         .get("structuredContent")
         .is_none_or(|s| s.is_null() || repeats(s, &texts));
-    (fields && no_error && silent("meta") && silent("_meta") && structured && !texts.is_empty())
+    // Parts joined by a line break are told apart only if none holds one; nothing at all would
+    // be an empty tool message, which some upstreams refuse.
+    let parts_told_apart = texts.len() == 1 || texts.iter().all(|t| !t.contains('\n'));
+    let said = texts.iter().any(|t| !t.trim().is_empty());
+    (fields
+        && no_error
+        && silent("meta")
+        && silent("_meta")
+        && structured
+        && parts_told_apart
+        && said)
         .then(|| texts.join("\n"))
 }
 
@@ -482,6 +492,10 @@ mod tests {
             json!({"content": [{"type": "image", "data": "AAAA", "mimeType": "image/png"}]}),
             // another field
             json!({"content": [{"type": "text", "text": "x"}], "nextCursor": "c2"}),
+            // parts whose line breaks would blur where one ends
+            json!({"content": [{"type": "text", "text": "a\nb"}, {"type": "text", "text": "c"}]}),
+            // nothing but blank text
+            json!({"content": [{"type": "text", "text": " "}]}),
         ];
         for envelope in said_more {
             assert_eq!(bare(&envelope.to_string()), None, "{envelope}");

@@ -172,7 +172,8 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
     };
     let placed = placed_definitions(&plan.placed, tools, config.definitions);
     Decision {
-        unchanged: kept.len() == offered && stubbed == 0 && placed.is_empty(),
+        // Every tool in full is not the client's block when a full tool is concise.
+        unchanged: placed.is_empty() && kept == tools,
         kept,
         details,
         placed,

@@ -34,11 +34,13 @@ use crate::metrics::Metrics;
 const CONNECTION_WAIT: Duration = Duration::from_secs(1);
 /// Pause after an accept error (out of file descriptors, say) before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-/// What an HTTP/2 client sends first (RFC 9113, 3.4).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Pause before peeking again at a connection whose first bytes are a part of the HTTP/2
-/// preface and nothing more yet.
+/// What an HTTP/2 client's preface starts with (RFC 9113, 3.4: `PRI * HTTP/2.0…`): no HTTP/1
+/// method does, and hyper's HTTP/2 server checks the rest.
+const H2_START: &[u8] = b"PRI";
+/// The first pause before peeking again at a connection whose first bytes (`P`, `PR`) do not
+/// tell yet; each pause doubles, up to `PEEK_AGAIN_AT_MOST`.
 const PEEK_AGAIN: Duration = Duration::from_millis(5);
+const PEEK_AGAIN_AT_MOST: Duration = Duration::from_millis(200);
 
 /// The timeouts one connection lives by.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +72,8 @@ pub async fn serve(
     let places = Arc::new(Semaphore::new(config.max_connections));
     let graceful = GracefulShutdown::new();
     let builders = Arc::new(Builders::new(limits));
+    // Tells connections whose protocol is not known yet to close: they hold no request.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut shutdown = pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -93,6 +97,7 @@ pub async fn serve(
         let builders = builders.clone();
         let router = router.clone();
         let watcher = graceful.watcher();
+        let mut stopping = stopping.clone();
         tokio::spawn(async move {
             // Past `max_connections`, a connection waits briefly for a place, then is closed.
             let place = match places.clone().try_acquire_owned() {
@@ -110,7 +115,11 @@ pub async fn serve(
             // The first request's headers are due `header_read` after the connection's start,
             // the peek included.
             let first_headers_due = Instant::now() + limits.header_read;
-            let served = match protocol(&tcp, first_headers_due).await {
+            let told = tokio::select! {
+                told = protocol(&tcp, first_headers_due) => told,
+                _ = stopping.wait_for(|stop| *stop) => Err(io::Error::other("shutting down")),
+            };
+            let served = match told {
                 Ok(protocol) => {
                     let io = TokioIo::new(Watched::new(tcp, activity.clone(), limits));
                     let service = tracked(router, activity);
@@ -139,6 +148,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    let _ = stop.send(true);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(grace) => {
@@ -178,13 +188,13 @@ enum Protocol {
 }
 
 impl Protocol {
-    /// What `first_bytes` of a connection tell: HTTP/2 once they hold the whole preface,
-    /// HTTP/1 as soon as they differ from it, and nothing yet while they are a part of it.
+    /// What `first_bytes` of a connection tell: HTTP/2 once they start as its preface does,
+    /// HTTP/1 as soon as they differ from that, and nothing yet before (`P`, `PR`).
     fn of(first_bytes: &[u8]) -> Option<Protocol> {
-        let seen = first_bytes.len().min(H2_PREFACE.len());
-        if first_bytes[..seen] != H2_PREFACE[..seen] {
+        let seen = first_bytes.len().min(H2_START.len());
+        if first_bytes[..seen] != H2_START[..seen] {
             Some(Protocol::Http1)
-        } else if seen == H2_PREFACE.len() {
+        } else if seen == H2_START.len() {
             Some(Protocol::Http2)
         } else {
             None
@@ -193,10 +203,12 @@ impl Protocol {
 }
 
 /// The protocol `tcp` speaks, from its first bytes, peeked at and left to be read; an error
-/// when the client closes or `due` passes before they tell.
+/// when the client closes or `due` passes before they tell. Peeking waits for bytes to read;
+/// once some are there and do not tell yet, it is tried again after growing pauses.
 async fn protocol(tcp: &TcpStream, due: Instant) -> io::Result<Protocol> {
     let late = || io::Error::new(io::ErrorKind::TimedOut, "no request line in time");
-    let mut first_bytes = [0u8; H2_PREFACE.len()];
+    let mut first_bytes = [0u8; H2_START.len()];
+    let mut pause = PEEK_AGAIN;
     loop {
         let peeked = tokio::time::timeout_at(due, tcp.peek(&mut first_bytes))
             .await
@@ -207,10 +219,11 @@ async fn protocol(tcp: &TcpStream, due: Instant) -> io::Result<Protocol> {
         if let Some(protocol) = Protocol::of(&first_bytes[..peeked]) {
             return Ok(protocol);
         }
-        if Instant::now() + PEEK_AGAIN >= due {
+        if Instant::now() + pause >= due {
             return Err(late());
         }
-        tokio::time::sleep(PEEK_AGAIN).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(PEEK_AGAIN_AT_MOST);
     }
 }
 
@@ -404,20 +417,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_first_bytes_tell_http2_only_once_they_hold_the_whole_preface() {
-        assert_eq!(Protocol::of(H2_PREFACE), Some(Protocol::Http2));
+    fn the_first_bytes_tell_http2_once_they_start_as_its_preface() {
         assert_eq!(
-            Protocol::of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0"),
+            Protocol::of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
             Some(Protocol::Http2)
         );
-        assert_eq!(Protocol::of(b"PRI * HTTP/2"), None);
+        assert_eq!(Protocol::of(b"PRI"), Some(Protocol::Http2));
+        assert_eq!(Protocol::of(b"PR"), None);
         assert_eq!(Protocol::of(b"P"), None);
     }
 
     #[test]
     fn the_first_bytes_tell_http1_as_soon_as_they_leave_the_preface() {
         assert_eq!(Protocol::of(b"PO"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of(b"PUT"), Some(Protocol::Http1));
         assert_eq!(Protocol::of(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
-        assert_eq!(Protocol::of(b"PRI * HTTP/1.1\r\n"), Some(Protocol::Http1));
     }
 }

@@ -12,6 +12,8 @@ use crate::openai::{Nullable, Tool};
 
 /// The keywords whose value maps names to schemas: a schema under them is named by its key.
 const NAMED_SCHEMAS: [&str; 3] = ["properties", "$defs", "definitions"];
+/// The keywords whose value is data, not schemas: left as they are.
+const DATA: [&str; 5] = ["default", "examples", "example", "const", "enum"];
 /// Words a root title adds to the function's name: `get_weatherArguments`, `parameters`.
 const ROOT_SUFFIXES: [&str; 6] = [
     "arguments",
@@ -31,8 +33,8 @@ pub fn concise(tool: &Tool) -> Tool {
     let Some(schema) = function.parameters.get() else {
         return tool.clone();
     };
-    let Some(parameters) =
-        schema.concise(|schema| without_restating_titles(schema, &function.name))
+    let name = &function.name;
+    let Some(parameters) = schema.concise(name, |schema| without_restating_titles(schema, name))
     else {
         return tool.clone();
     };
@@ -69,6 +71,9 @@ fn walk(schema: &Value, restates: &dyn Fn(&str) -> bool, changed: &mut bool) -> 
             for (key, value) in object {
                 match (key.as_str(), value) {
                     ("title", Value::String(title)) if restates(title) => *changed = true,
+                    (data, _) if DATA.contains(&data) => {
+                        out.insert(key.clone(), value.clone());
+                    }
                     (named, Value::Object(schemas)) if NAMED_SCHEMAS.contains(&named) => {
                         let schemas = schemas.iter().map(|(name, schema)| {
                             let restates = |title: &str| words(title) == words(name);
@@ -193,6 +198,29 @@ mod tests {
                 "items": {"type": "array", "items": {"title": "Items", "type": "string"}}},
                 "required": ["title"]})
         );
+    }
+
+    #[test]
+    fn data_in_a_schema_is_left_as_it_is() {
+        let schema = json!({"type": "object", "properties": {"filter": {"type": "object",
+            "default": {"properties": {"x": {"title": "X"}}},
+            "examples": [{"title": "Title"}]}}});
+        assert_eq!(
+            concise(&tool("query", schema.clone())),
+            tool("query", schema)
+        );
+    }
+
+    #[test]
+    fn the_concise_form_of_a_shared_schema_is_made_for_each_name() {
+        let schema = json!({"title": "lookup_arguments", "type": "object"});
+        let lookup = tool("lookup", schema.clone());
+        assert_eq!(parameters(&concise(&lookup)), json!({"type": "object"}));
+        // The same schema under another name: its root title says something of its own.
+        let mut renamed = lookup.clone();
+        renamed.function.as_mut().unwrap().name = "search".to_owned();
+        assert_eq!(parameters(&concise(&renamed)), schema);
+        assert_eq!(parameters(&concise(&lookup)), json!({"type": "object"}));
     }
 
     #[test]

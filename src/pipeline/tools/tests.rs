@@ -502,3 +502,32 @@ fn a_tool_in_full_goes_without_the_titles_that_restate_a_name_and_is_no_stub() {
     let promoted = stubs::promote(sent, &client, None);
     assert!(promoted.iter().all(|t| parameters(t) == concise));
 }
+
+#[test]
+fn a_block_of_tools_all_in_full_goes_concise_too() {
+    let titled = |name: &str, description: &str| {
+        json!({"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"title": "parameters", "type": "object", "properties": {}}}})
+    };
+    let tools = vec![
+        titled("calendar_list_events", "List the meetings of a day."),
+        titled("email_send", "Send an email message."),
+    ];
+    let (sent, request) = sent_from(
+        tools,
+        user("check my calendar, then send an email"),
+        json!({}),
+        &[],
+        |c| c.tools.left_out = LeftOut::Stub,
+    );
+    assert_eq!(sent, ["calendar_list_events", "email_send"]);
+    let block = serde_json::to_value(request.tools.get().unwrap()).unwrap();
+    assert!(
+        block
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["function"]["parameters"] == json!({"type": "object", "properties": {}})),
+        "{block}"
+    );
+}
