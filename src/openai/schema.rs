@@ -43,14 +43,12 @@ impl Schema {
         name: &str,
         make: impl Fn(&Value) -> Option<Value>,
     ) -> Option<Arc<Schema>> {
-        let made = |make: &dyn Fn(&Value) -> Option<Value>| {
-            make(&self.value).map(|value| Arc::new(Schema::new(value)))
-        };
-        let (made_for, concise) = self.concise.get_or_init(|| (name.to_owned(), made(&make)));
+        let made = || make(&self.value).map(|value| Arc::new(Schema::new(value)));
+        let (made_for, concise) = self.concise.get_or_init(|| (name.to_owned(), made()));
         if made_for == name {
             concise.clone()
         } else {
-            made(&make)
+            made()
         }
     }
 

@@ -150,12 +150,6 @@ fn bare_opened(value: &Value) -> Option<String> {
                 .as_str()
         })
         .collect::<Option<_>>()?;
-    let fields = map.keys().all(|k| {
-        matches!(
-            k.as_str(),
-            "content" | "structuredContent" | "isError" | "meta" | "_meta"
-        )
-    });
     let no_error = map.get("isError").is_none_or(|e| e == &Value::Bool(false));
     let structured = map
         .get("structuredContent")
@@ -164,7 +158,7 @@ fn bare_opened(value: &Value) -> Option<String> {
     // be an empty tool message, which some upstreams refuse.
     let parts_told_apart = texts.len() == 1 || texts.iter().all(|t| !t.contains('\n'));
     let said = texts.iter().any(|t| !t.trim().is_empty());
-    (fields
+    (is_tool_result(map)
         && no_error
         && silent("meta")
         && silent("_meta")

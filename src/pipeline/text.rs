@@ -19,6 +19,29 @@ pub fn fold(c: char) -> char {
     }
 }
 
+/// The segments of a name, split at every character that is not a letter or digit and at
+/// camelCase humps: `mcp__jira__search_issues` → mcp, jira, search, issues; `getWeather` → get,
+/// Weather; `Order Id` → Order, Id.
+pub fn name_segments(name: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for part in name
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|s| !s.is_empty())
+    {
+        let mut start = 0;
+        let mut previous_lower = false;
+        for (i, c) in part.char_indices() {
+            if c.is_uppercase() && previous_lower {
+                out.push(&part[start..i]);
+                start = i;
+            }
+            previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        }
+        out.push(&part[start..]);
+    }
+    out
+}
+
 /// The text folded (lowercase, no accents).
 pub fn normalize(text: &str) -> String {
     if text.is_ascii() {

@@ -12,7 +12,7 @@ use crate::glob::glob_match;
 use crate::openai::Tool;
 use crate::pipeline::config::ToolsConfig;
 use crate::pipeline::memo::Memo;
-use crate::pipeline::text::{content_words, first_sentence, normalize};
+use crate::pipeline::text::{content_words, first_sentence, name_segments, normalize};
 
 /// Verbs common to whole APIs: they say nothing about which part of the API is meant.
 const GENERIC_VERBS: &[&str] = &[
@@ -161,31 +161,9 @@ pub fn keyword_words(keyword: &str) -> Vec<String> {
     content_words(keyword)
 }
 
-/// Splits a tool name into its segments at separators and camelCase humps
-/// (`mcp__jira__search_issues` → mcp, jira, search, issues; `getWeather` → get, Weather).
-fn segments(name: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    for part in name
-        .split(['_', '.', '-', '/', ':'])
-        .filter(|s| !s.is_empty())
-    {
-        let mut start = 0;
-        let mut previous_lower = false;
-        for (i, c) in part.char_indices() {
-            if c.is_uppercase() && previous_lower {
-                out.push(&part[start..i]);
-                start = i;
-            }
-            previous_lower = c.is_lowercase() || c.is_ascii_digit();
-        }
-        out.push(&part[start..]);
-    }
-    out
-}
-
 /// A name of one word (`think`, `calculate`, `Finish`): an agent utility, not part of an API.
 pub fn is_single_word(name: &str) -> bool {
-    segments(name).len() == 1 && !name.contains("__")
+    name_segments(name).len() == 1 && !name.contains("__")
 }
 
 /// The namespace a tool name declares: before the first separator, or the server of an MCP
@@ -197,7 +175,7 @@ pub fn namespace(name: &str) -> String {
         [first, ..] => first,
         [] => name,
     };
-    segments(base)
+    name_segments(base)
         .first()
         .map_or_else(|| normalize(name), |s| normalize(s))
 }
@@ -266,7 +244,7 @@ impl Catalog {
                 let mut parts: BTreeMap<String, Vec<&Tool>> = BTreeMap::new();
                 for tool in members {
                     let object = tool_name(tool)
-                        .and_then(|n| segments(n).last().map(|s| keyword_words(s)))
+                        .and_then(|n| name_segments(n).last().map(|s| keyword_words(s)))
                         .and_then(|w| w.into_iter().next())
                         .unwrap_or_else(|| space.clone());
                     parts.entry(object).or_default().push(tool);
@@ -315,7 +293,7 @@ fn derived_category(name: String, tools: &[&Tool], split_from: Option<&str>) -> 
         let Some(function) = &tool.function else {
             continue;
         };
-        for segment in segments(&function.name) {
+        for segment in name_segments(&function.name) {
             for word in keyword_words(segment) {
                 for group in SYNONYM_KEYWORDS
                     .iter()

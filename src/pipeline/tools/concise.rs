@@ -9,6 +9,7 @@
 use serde_json::{Map, Value};
 
 use crate::openai::{Nullable, Tool};
+use crate::pipeline::text::name_segments;
 
 /// The keywords whose value maps names to schemas: a schema under them is named by its key.
 const NAMED_SCHEMAS: [&str; 3] = ["properties", "$defs", "definitions"];
@@ -101,27 +102,10 @@ fn walk(schema: &Value, restates: &dyn Fn(&str) -> bool, changed: &mut bool) -> 
 /// The words of a name or title, lowercase: `order_id`, `orderId`, `Order Id` and `ORDER-ID`
 /// are all `order id`.
 fn words(text: &str) -> Vec<String> {
-    let mut words: Vec<String> = Vec::new();
-    let mut word = String::new();
-    let mut previous_lower = false;
-    for c in text.chars() {
-        if !c.is_alphanumeric() {
-            if !word.is_empty() {
-                words.push(std::mem::take(&mut word));
-            }
-            previous_lower = false;
-            continue;
-        }
-        if c.is_uppercase() && previous_lower {
-            words.push(std::mem::take(&mut word));
-        }
-        previous_lower = c.is_lowercase() || c.is_ascii_digit();
-        word.extend(c.to_lowercase());
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
-    words
+    name_segments(text)
+        .into_iter()
+        .map(str::to_lowercase)
+        .collect()
 }
 
 #[cfg(test)]
