@@ -349,3 +349,53 @@ async fn a_second_replica_appends_where_the_first_left_off() {
     );
     assert_eq!(&now[..before.len()], &before[..]);
 }
+
+#[tokio::test]
+async fn a_first_request_leaves_no_prefix_state_and_a_later_one_does() {
+    let mock = start_mock(MockOptions::default()).await;
+    let prefix = common::unique_prefix("first-request");
+    let env = vec![("CTXPROXY_STORE_KEY_PREFIX".to_owned(), prefix.clone())];
+    let toml = format!("[upstream]\nbase_url = \"{}\"\n", mock.base_url());
+    let proxy = common::start_proxy_with_env(&toml, env).await;
+    let mut redis = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let headers = [("x-conversation-id", "first-request-1")];
+    let stored = async |redis: &mut redis::aio::MultiplexedConnection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{prefix}prefix:*"))
+            .query_async(redis)
+            .await
+            .unwrap()
+    };
+
+    // Any replica finds a first request's state from its history alone: nothing is written.
+    let first = serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is a ledger?"}
+    ]});
+    let response = send(&proxy.url("/v1/chat/completions"), &first, &headers).await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    assert_eq!(stored(&mut redis).await, Vec::<String>::new());
+
+    let mut later = first.clone();
+    let messages = later["messages"].as_array_mut().unwrap();
+    messages.push(serde_json::json!({"role": "assistant", "content": "A record of entries."}));
+    messages.push(serde_json::json!({"role": "user", "content": "And a journal?"}));
+    let response = send(&proxy.url("/v1/chat/completions"), &later, &headers).await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    // The write does not hold the answer: wait for it.
+    let mut keys = Vec::new();
+    for _ in 0..100 {
+        keys = stored(&mut redis).await;
+        if !keys.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}

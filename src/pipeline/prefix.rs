@@ -436,16 +436,14 @@ impl Decide<'_> {
 fn points(messages: &[Message], settings: u64) -> Vec<Point> {
     let mut hasher = FixedState::with_seed(settings).build_hasher();
     let mut points = Vec::new();
-    let mut seen_user = false;
+    let mut earlier = earlier_points(messages).peekable();
     for (index, message) in messages.iter().enumerate() {
-        let after_other = index > 0 && messages[index - 1].role != Role::Assistant;
-        if seen_user && after_other && message.role == Role::Assistant {
+        if earlier.next_if_eq(&index).is_some() {
             points.push(Point {
                 len: index,
                 digest: hasher.clone().finish(),
             });
         }
-        seen_user |= message.role == Role::User;
         hash_exactly(message, &mut hasher);
     }
     points.push(Point {
@@ -453,6 +451,27 @@ fn points(messages: &[Message], settings: u64) -> Vec<Point> {
         digest: hasher.finish(),
     });
     points
+}
+
+/// The lengths of the earlier requests that `messages` show (see `points`), in order.
+fn earlier_points(messages: &[Message]) -> impl Iterator<Item = usize> + '_ {
+    let first_user = messages.iter().position(|m| m.role == Role::User);
+    messages
+        .windows(2)
+        .enumerate()
+        .filter(move |(before, pair)| {
+            first_user.is_some_and(|user| user <= *before)
+                && pair[0].role != Role::Assistant
+                && pair[1].role == Role::Assistant
+        })
+        .map(|(before, _)| before + 1)
+}
+
+/// Whether the history of `messages` shows an earlier request of its conversation. Without
+/// one, a state remembered of the conversation decides nothing (the request is its only
+/// point), and the state this request leaves is what any replica finds from its history alone.
+pub fn has_earlier_point(messages: &[Message]) -> bool {
+    earlier_points(messages).next().is_some()
 }
 
 /// Feeds everything of a message to `hasher`: what `hash_message` reads, and the fields a
@@ -776,6 +795,33 @@ mod tests {
         assert_eq!(lens, vec![2, 4, 6, 8, 10, 12]);
         let roles = |len: usize| full.messages[len].role.clone();
         assert!(lens[..5].iter().all(|&len| roles(len) == Role::Assistant));
+    }
+
+    #[test]
+    fn an_earlier_point_is_an_answer_or_call_after_a_user_turn() {
+        let message = |role: Role| Message::text(role, "x");
+        let history = |roles: &[Role]| roles.iter().cloned().map(message).collect::<Vec<_>>();
+        use Role::{Assistant as A, System as S, Tool as T, User as U};
+        for (roles, earlier) in [
+            (vec![], false),
+            (vec![S, U], false),
+            (vec![U, U], false),
+            // An assistant message before any user message starts no request.
+            (vec![S, A, U], false),
+            (vec![U, A], true),
+            (vec![S, U, A, U], true),
+            (vec![U, A, T, A], true),
+        ] {
+            let messages = history(&roles);
+            assert_eq!(has_earlier_point(&messages), earlier, "{roles:?}");
+            assert_eq!(points(&messages, 0).len() > 1, earlier, "{roles:?}");
+        }
+        // Two assistant messages in a row are one point.
+        let lens: Vec<usize> = points(&history(&[U, A, A, U, A]), 0)
+            .iter()
+            .map(|p| p.len)
+            .collect();
+        assert_eq!(lens, vec![1, 4, 5]);
     }
 
     #[test]

@@ -93,6 +93,28 @@ pub struct Pipelined {
     pub chain: Option<ChainTools>,
 }
 
+/// What the store is asked of a conversation before a request's rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StateReads {
+    /// Where the conversation's rewrite was last rebuilt: only a request whose history shows
+    /// an earlier one resumes from it (and only such a request's state is worth saving: any
+    /// replica finds the state of a first request from its history alone).
+    prefix: bool,
+    /// Where its recalls were answered: put back after an earlier request, or into a retry of
+    /// a first request whose answer recalled (the recall tool is offered only among tools).
+    recall_marks: bool,
+}
+
+impl StateReads {
+    fn of(chat: &ChatRequest) -> StateReads {
+        let earlier = pipeline::prefix::has_earlier_point(&chat.messages);
+        StateReads {
+            prefix: earlier,
+            recall_marks: earlier || chat.tools.get().is_some_and(|t| !t.is_empty()),
+        }
+    }
+}
+
 /// Reads a chat body, bounded by `[server] max_body_bytes`.
 pub async fn read(state: &SharedState, request: Request) -> Result<(Parts, Bytes), ProxyError> {
     let (parts, body) = request.into_parts();
@@ -216,6 +238,7 @@ impl<'a> ChatCall<'a> {
         } = self.run_pipeline().await?;
         if let (Some(conversation), Some(prefix)) = (&self.conversation, rewrite.remember)
             && Some(prefix) != remembered
+            && StateReads::of(&self.chat).prefix
         {
             prefix_state::save(self.state, conversation, prefix);
         }
@@ -309,17 +332,25 @@ impl<'a> ChatCall<'a> {
     /// Reads the store, never writes it.
     pub async fn run_pipeline(&self) -> Result<Pipelined, ProxyError> {
         let state = self.state;
-        let sticky = self.sticky_categories().await;
+        let reads = StateReads::of(&self.chat);
         let conversation = async {
-            match &self.conversation {
-                Some(conversation) => {
-                    tokio::join!(
-                        prefix_state::load(state, conversation),
-                        recall_marks::load(state, conversation)
-                    )
+            let Some(conversation) = &self.conversation else {
+                return (None, Vec::new());
+            };
+            tokio::join!(
+                async {
+                    match reads.prefix {
+                        true => prefix_state::load(state, conversation).await,
+                        false => None,
+                    }
+                },
+                async {
+                    match reads.recall_marks {
+                        true => recall_marks::load(state, conversation).await,
+                        false => Vec::new(),
+                    }
                 }
-                None => (None, Vec::new()),
-            }
+            )
         };
         // A request chained on a stored Response sends the block its request sent.
         let chain = async {
@@ -329,8 +360,12 @@ impl<'a> ChatCall<'a> {
             }
         };
         // What another replica learned of the upstream's template (rarely asks the store).
-        let ((remembered, recalls), (), chain) =
-            tokio::join!(conversation, learned::refresh(state, self.upstream), chain);
+        let (sticky, (remembered, recalls), (), chain) = tokio::join!(
+            self.sticky_categories(),
+            conversation,
+            learned::refresh(state, self.upstream),
+            chain
+        );
         let config = if self.expansion_hidden() {
             self.upstream.pipeline()
         } else {
@@ -513,5 +548,55 @@ fn put_back(rewrite: &mut Rewrite, client: &ChatRequest, recalls: &[Mark], count
     if recall::replay(sent, &client.messages, prefix, recalls) > 0 {
         let added = counter.messages(sent).saturating_sub(before);
         rewrite.report.tokens_after += added;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(body: serde_json::Value) -> StateReads {
+        StateReads::of(&serde_json::from_value(body).unwrap())
+    }
+
+    #[test]
+    fn a_first_request_asks_the_store_for_recalls_only_when_it_sends_tools() {
+        let first = serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"}
+        ]);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let none = StateReads {
+            prefix: false,
+            recall_marks: false,
+        };
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": first})),
+            none
+        );
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": first, "tools": []})),
+            none
+        );
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": first, "tools": tools})),
+            StateReads {
+                prefix: false,
+                recall_marks: true,
+            }
+        );
+        let later = serde_json::json!([
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"}
+        ]);
+        let both = StateReads {
+            prefix: true,
+            recall_marks: true,
+        };
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": later})),
+            both
+        );
     }
 }
