@@ -282,6 +282,30 @@ pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, 
     snapshots
 }
 
+/// One stage alone over `input`, `original` the client's messages, as a whole rewrite's first
+/// pass runs it (the configured parameters, nothing decided yet); `None` for a name that is
+/// not one of the four stages. What `benches/stages.rs` times, stage by stage, on the input
+/// each stage gets (`stage_snapshots`).
+pub fn run_stage(
+    name: StageName,
+    input: &ChatRequest,
+    original: &[Message],
+    env: &Env<'_>,
+) -> Option<StageOutput<StageDetails>> {
+    let stage = stages().into_iter().find(|s| s.name() == name)?;
+    let (params, decided) = (Params::from_config(env.config), Decided::default());
+    let cx = StageCx {
+        config: env.config,
+        params: &params,
+        counter: env.counter,
+        memo: env.memo,
+        sticky_categories: env.sticky_categories,
+        original_messages: original,
+        decided: &decided,
+    };
+    Some(stage.apply(input, &cx))
+}
+
 /// The stages run over `request` (of `tokens` tokens) with `params`: the request they leave,
 /// their reports, and its tokens. `decided` is shared by the runs of one rewrite.
 fn run_stages<'a>(
