@@ -36,14 +36,40 @@ struct Group<'a> {
     /// `true`), leaving out the values the second argument says another line shows; empty when
     /// it has nothing to say. Rendered only when the selection needs it.
     render: Box<Render<'a>>,
-    /// The identifiers it holds.
+    /// The identifiers it holds (see `values`).
     values: Vec<Arc<[String]>>,
+    /// An assistant's message: its acronyms are terms, not values (`is_acronym`).
+    without_acronyms: bool,
     /// A user or assistant message, rather than a tool call or result.
     prose: bool,
     /// A hash of what it is rendered from (for the memo of its lines).
     key: u64,
     /// The last position at which one of its values is mentioned.
     last_mention: usize,
+}
+
+impl Group<'_> {
+    /// The group with its `last_mention`, from `mentions`.
+    fn mentioned(mut self, mentions: &Mentions<'_>) -> Self {
+        self.last_mention = self
+            .values()
+            .filter_map(|v| mentions.get(v))
+            .copied()
+            .max()
+            .unwrap_or(self.position)
+            .max(self.position);
+        self
+    }
+
+    /// The identifiers it holds, read in place from the memoized lists.
+    fn values(&self) -> impl Iterator<Item = &str> {
+        let without_acronyms = self.without_acronyms;
+        self.values
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(String::as_str)
+            .filter(move |v| !(without_acronyms && is_acronym(v)))
+    }
 }
 
 /// Renders a line: `(strong only, shown on another line) -> text`.
@@ -101,16 +127,6 @@ pub fn lines(
     let skip = move |value: &str, strong: bool, elsewhere: &dyn Fn(&str) -> bool| {
         left_out(value, strong) || elsewhere(value)
     };
-    let last_mention = |values: &[Arc<[String]>], position: usize| {
-        values
-            .iter()
-            .flat_map(|v| v.iter())
-            .filter_map(|v| mentions.get(v.as_str()))
-            .copied()
-            .max()
-            .unwrap_or(position)
-            .max(position)
-    };
     // Tool messages already shown with the call they answer (by index into `removed`).
     let mut answered: HashSet<usize, foldhash::fast::RandomState> = HashSet::default();
     let mut groups: Vec<Group<'_>> = Vec::new();
@@ -133,17 +149,20 @@ pub fn lines(
                     continue;
                 }
                 let content = content_of(message);
-                let values = vec![views.ids(&content)];
-                groups.push(Group {
-                    position,
-                    last_mention: last_mention(&values, position),
-                    values,
-                    prose: false,
-                    key: line_key(&["tool result", &content]),
-                    render: Box::new(move |strong, elsewhere| {
-                        render("tool result", &content, strong, elsewhere)
-                    }),
-                });
+                groups.push(
+                    Group {
+                        position,
+                        last_mention: position,
+                        values: vec![views.ids(&content)],
+                        without_acronyms: false,
+                        prose: false,
+                        key: line_key(&["tool result", &content]),
+                        render: Box::new(move |strong, elsewhere| {
+                            render("tool result", &content, strong, elsewhere)
+                        }),
+                    }
+                    .mentioned(mentions),
+                );
             }
             Role::System | Role::Developer | Role::Other(_) => {}
             Role::User | Role::Assistant => {
@@ -157,23 +176,22 @@ pub fn lines(
                         "assistant"
                     };
                     let assistant = message.role == Role::Assistant;
-                    let ids = views.ids(&content);
-                    let values: Vec<Arc<[String]>> = if assistant {
-                        vec![ids.iter().filter(|v| !is_acronym(v)).cloned().collect()]
-                    } else {
-                        vec![ids]
-                    };
-                    groups.push(Group {
-                        position,
-                        last_mention: last_mention(&values, position),
-                        values,
-                        prose: true,
-                        key: line_key(&[role, &content]),
-                        render: Box::new(move |strong, elsewhere| {
-                            let elsewhere = |v: &str| elsewhere(v) || (assistant && is_acronym(v));
-                            render(role, &content, strong, &elsewhere)
-                        }),
-                    });
+                    groups.push(
+                        Group {
+                            position,
+                            last_mention: position,
+                            values: vec![views.ids(&content)],
+                            without_acronyms: assistant,
+                            prose: true,
+                            key: line_key(&[role, &content]),
+                            render: Box::new(move |strong, elsewhere| {
+                                let elsewhere =
+                                    |v: &str| elsewhere(v) || (assistant && is_acronym(v));
+                                render(role, &content, strong, &elsewhere)
+                            }),
+                        }
+                        .mentioned(mentions),
+                    );
                 }
                 // A call's result is among the tool messages right after it (ids may repeat
                 // across turns).
@@ -192,27 +210,33 @@ pub fn lines(
                     }
                     let result_text = result.map(|k| content_of(removed[k].1)).unwrap_or_default();
                     let values = vec![views.ids(&call.function.arguments), views.ids(&result_text)];
-                    groups.push(Group {
-                        position,
-                        last_mention: last_mention(&values, position),
-                        values,
-                        prose: false,
-                        key: line_key(&[
-                            "call",
-                            &call.function.name,
-                            &call.function.arguments,
-                            &result_text,
-                        ]),
-                        render: Box::new(move |strong, elsewhere| {
-                            let label = call_label(&call.function.name, &call.function.arguments);
-                            let found = views.render(&result_text, &|v| skip(v, strong, elsewhere));
-                            if found.is_empty() {
-                                label
-                            } else {
-                                format!("{label} → {found}")
-                            }
-                        }),
-                    });
+                    groups.push(
+                        Group {
+                            position,
+                            last_mention: position,
+                            values,
+                            without_acronyms: false,
+                            prose: false,
+                            key: line_key(&[
+                                "call",
+                                &call.function.name,
+                                &call.function.arguments,
+                                &result_text,
+                            ]),
+                            render: Box::new(move |strong, elsewhere| {
+                                let label =
+                                    call_label(&call.function.name, &call.function.arguments);
+                                let found =
+                                    views.render(&result_text, &|v| skip(v, strong, elsewhere));
+                                if found.is_empty() {
+                                    label
+                                } else {
+                                    format!("{label} → {found}")
+                                }
+                            }),
+                        }
+                        .mentioned(mentions),
+                    );
                 }
             }
         }
@@ -329,17 +353,17 @@ fn select(
     // line says what no tool line holds, once: the first message line in that order has it.
     let mut owner: HashMap<&str, Option<usize>, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(
-            groups.iter().flat_map(|g| &g.values).map(|v| v.len()).sum(),
+            groups.iter().map(|g| g.values().count()).sum(),
             Default::default(),
         );
     for group in groups.iter().filter(|g| !g.prose) {
-        for value in group.values.iter().flat_map(|v| v.iter()) {
-            owner.insert(value.as_str(), None);
+        for value in group.values() {
+            owner.insert(value, None);
         }
     }
     for &index in order.iter().filter(|&&i| groups[i].prose) {
-        for value in groups[index].values.iter().flat_map(|v| v.iter()) {
-            owner.entry(value.as_str()).or_insert(Some(index));
+        for value in groups[index].values() {
+            owner.entry(value).or_insert(Some(index));
         }
     }
     // "- " and the newline of each line.
@@ -352,7 +376,7 @@ fn select(
             |value: &str| group.prose && owner.get(value).is_some_and(|&o| o != Some(index));
         let mut hasher = FixedState::with_seed(LINE_SEED).build_hasher();
         (group.key, strong, counter.encoding()).hash(&mut hasher);
-        for value in group.values.iter().flat_map(|v| v.iter()) {
+        for value in group.values() {
             (left_out(value, strong) || elsewhere(value)).hash(&mut hasher);
         }
         memo.value(hasher.finish(), || {

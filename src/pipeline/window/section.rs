@@ -412,10 +412,20 @@ impl<'a> Shows<'a> {
     }
 
     fn shows(&self, value: &str) -> bool {
-        if value.chars().all(is_word_char) {
-            return self.words.contains(value);
+        // Each word of a value shown whole is a word of the text: only a value whose words all
+        // are is searched for.
+        if value.is_empty() {
+            return false;
         }
-        shows(self.text, value)
+        let mut words = value.split(|c: char| !is_word_char(c)).peekable();
+        let one_word = words.peek().is_some_and(|w| w.len() == value.len());
+        if !words
+            .filter(|w| !w.is_empty())
+            .all(|w| self.words.contains(w))
+        {
+            return false;
+        }
+        one_word || shows(self.text, value)
     }
 }
 
