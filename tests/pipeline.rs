@@ -350,52 +350,125 @@ async fn a_second_replica_appends_where_the_first_left_off() {
     assert_eq!(&now[..before.len()], &before[..]);
 }
 
-#[tokio::test]
-async fn a_first_request_leaves_no_prefix_state_and_a_later_one_does() {
+/// A proxy on its own key prefix, with a connection to its store.
+async fn proxy_with_store(
+    name: &str,
+) -> (
+    common::Mock,
+    common::Proxy,
+    String,
+    redis::aio::MultiplexedConnection,
+) {
     let mock = start_mock(MockOptions::default()).await;
-    let prefix = common::unique_prefix("first-request");
+    let prefix = common::unique_prefix(name);
     let env = vec![("CTXPROXY_STORE_KEY_PREFIX".to_owned(), prefix.clone())];
     let toml = format!("[upstream]\nbase_url = \"{}\"\n", mock.base_url());
     let proxy = common::start_proxy_with_env(&toml, env).await;
-    let mut redis = redis::Client::open(common::redis_url())
+    let redis = redis::Client::open(common::redis_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let headers = [("x-conversation-id", "first-request-1")];
-    let stored = async |redis: &mut redis::aio::MultiplexedConnection| -> Vec<String> {
-        redis::cmd("KEYS")
-            .arg(format!("{prefix}prefix:*"))
-            .query_async(redis)
-            .await
-            .unwrap()
-    };
+    (mock, proxy, prefix, redis)
+}
 
-    // Any replica finds a first request's state from its history alone: nothing is written.
-    let first = serde_json::json!({"model": "gpt-4o", "messages": [
+async fn keys(redis: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(redis)
+        .await
+        .unwrap()
+}
+
+/// The keys matching `pattern`, once there are some (the proxy writes in the background).
+async fn written(redis: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    for _ in 0..200 {
+        let found = keys(redis, pattern).await;
+        if !found.is_empty() {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Vec::new()
+}
+
+fn first_request() -> Value {
+    serde_json::json!({"model": "gpt-4o", "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is a ledger?"}
-    ]});
-    let response = send(&proxy.url("/v1/chat/completions"), &first, &headers).await;
-    assert_eq!(response.status(), 200);
-    response.bytes().await.unwrap();
-    assert_eq!(stored(&mut redis).await, Vec::<String>::new());
+    ]})
+}
 
-    let mut later = first.clone();
+fn second_request() -> Value {
+    let mut later = first_request();
     let messages = later["messages"].as_array_mut().unwrap();
     messages.push(serde_json::json!({"role": "assistant", "content": "A record of entries."}));
     messages.push(serde_json::json!({"role": "user", "content": "And a journal?"}));
-    let response = send(&proxy.url("/v1/chat/completions"), &later, &headers).await;
+    later
+}
+
+#[tokio::test]
+async fn a_first_request_leaves_no_prefix_state_and_a_later_one_does() {
+    let (_mock, proxy, prefix, mut redis) = proxy_with_store("first-request").await;
+    let url = proxy.url("/v1/chat/completions");
+    // Any replica finds a first request's state from its history alone: none is written.
+    let response = send(&url, &first_request(), &[("x-conversation-id", "first-1")]).await;
     assert_eq!(response.status(), 200);
     response.bytes().await.unwrap();
-    // The write does not hold the answer: wait for it.
-    let mut keys = Vec::new();
-    for _ in 0..100 {
-        keys = stored(&mut redis).await;
-        if !keys.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert_eq!(keys.len(), 1, "{keys:?}");
+    // A later request of another conversation, sent after it: once its state is written, the
+    // first request's would have been too.
+    let response = send(&url, &second_request(), &[("x-conversation-id", "later-1")]).await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let stored = written(&mut redis, &format!("{prefix}prefix:*")).await;
+    // One key: the later request's (each conversation id hashes to a key of its own).
+    assert_eq!(stored.len(), 1, "{stored:?}");
+}
+
+#[tokio::test]
+async fn a_recall_pair_is_not_put_back_into_a_first_request_without_tools() {
+    let (_mock, proxy, prefix, mut redis) = proxy_with_store("first-no-tools").await;
+    let url = proxy.url("/v1/chat/completions");
+    let headers = [("x-conversation-id", "marked-1"), ("X-Mock-Echo", "1")];
+    // The conversation's key as the proxy writes it, from a later request's state.
+    let response = send(&url, &second_request(), &headers).await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let stored = written(&mut redis, &format!("{prefix}prefix:*")).await;
+    let conversation = stored[0].strip_prefix(&format!("{prefix}prefix:")).unwrap();
+    // A recall answered after the first request's messages (by a request under the same key
+    // that sent tools).
+    let first = first_rewritten();
+    let at = first["messages"].as_array().unwrap().len();
+    let mark = serde_json::json!([{"at": at, "call": {"role": "assistant", "content": null,
+        "tool_calls": [{"id": "call_recall", "type": "function", "function": {
+            "name": "ctxproxy_recall", "arguments": "{\"handle\": \"rc-0000abcd\"}"}}]}}]);
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}recall:{conversation}"))
+        .arg(mark.to_string())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // Without tools the request cannot call the recall tool: no recall pair goes into it.
+    let response = send(&url, &first, &headers).await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    let sent = answer["mock_echo"]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    // Its instructions sent once: the request was rewritten.
+    assert_eq!(sent.len(), at - 1, "{sent:?}");
+    assert!(sent.iter().all(|m| m["role"] != "tool"), "{sent:?}");
+}
+
+/// A first request the pipeline rewrites (its repeated instructions sent once), without tools.
+fn first_rewritten() -> Value {
+    let rule = "Be brief and answer in English, please.";
+    serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": rule},
+        {"role": "system", "content": rule},
+        {"role": "user", "content": "What is a ledger?"}
+    ]})
 }

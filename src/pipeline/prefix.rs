@@ -262,7 +262,9 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         rewrite
     };
     rewrite.request = sent_as(request, rewrite.request);
-    rewrite.remember = Some(PrefixState {
+    // A request that is its conversation's only point leaves nothing to resume from: no later
+    // request's point digests as it (its digest holds the sticky categories).
+    rewrite.remember = (current > 0).then(|| PrefixState {
         anchor: points[anchor].len,
         as_of: points[current].len,
         digest: points[current].digest,
@@ -468,8 +470,8 @@ fn earlier_points(messages: &[Message]) -> impl Iterator<Item = usize> + '_ {
 }
 
 /// Whether the history of `messages` shows an earlier request of its conversation. Without
-/// one, a state remembered of the conversation decides nothing (the request is its only
-/// point), and the state this request leaves is what any replica finds from its history alone.
+/// one the request is its conversation's only point: a remembered state decides nothing for it
+/// (there is no earlier point to resume from), and it leaves none (`run`).
 pub fn has_earlier_point(messages: &[Message]) -> bool {
     earlier_points(messages).next().is_some()
 }
@@ -797,31 +799,68 @@ mod tests {
         assert!(lens[..5].iter().all(|&len| roles(len) == Role::Assistant));
     }
 
+    /// The lengths of the earlier requests, as `points` first found them: one loop, a flag.
+    fn earlier_points_as_first_written(messages: &[Message]) -> Vec<usize> {
+        let mut lens = Vec::new();
+        let mut seen_user = false;
+        for (index, message) in messages.iter().enumerate() {
+            let after_other = index > 0 && messages[index - 1].role != Role::Assistant;
+            if seen_user && after_other && message.role == Role::Assistant {
+                lens.push(index);
+            }
+            seen_user |= message.role == Role::User;
+        }
+        lens
+    }
+
     #[test]
     fn an_earlier_point_is_an_answer_or_call_after_a_user_turn() {
-        let message = |role: Role| Message::text(role, "x");
-        let history = |roles: &[Role]| roles.iter().cloned().map(message).collect::<Vec<_>>();
-        use Role::{Assistant as A, System as S, Tool as T, User as U};
-        for (roles, earlier) in [
-            (vec![], false),
-            (vec![S, U], false),
-            (vec![U, U], false),
-            // An assistant message before any user message starts no request.
-            (vec![S, A, U], false),
-            (vec![U, A], true),
-            (vec![S, U, A, U], true),
-            (vec![U, A, T, A], true),
-        ] {
-            let messages = history(&roles);
-            assert_eq!(has_earlier_point(&messages), earlier, "{roles:?}");
-            assert_eq!(points(&messages, 0).len() > 1, earlier, "{roles:?}");
+        let roles = [
+            Role::System,
+            Role::Developer,
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Function,
+            Role::Other("x".into()),
+        ];
+        // Every history of up to 6 messages over every role.
+        let mut histories: Vec<Vec<Message>> = vec![Vec::new()];
+        let mut last: Vec<Vec<Message>> = vec![Vec::new()];
+        for _ in 0..6 {
+            last = last
+                .iter()
+                .flat_map(|h| {
+                    roles.iter().map(move |role| {
+                        let mut longer = h.clone();
+                        longer.push(Message::text(role.clone(), "x"));
+                        longer
+                    })
+                })
+                .collect();
+            histories.extend(last.iter().cloned());
         }
-        // Two assistant messages in a row are one point.
-        let lens: Vec<usize> = points(&history(&[U, A, A, U, A]), 0)
-            .iter()
-            .map(|p| p.len)
-            .collect();
-        assert_eq!(lens, vec![1, 4, 5]);
+        for messages in &histories {
+            let expected = earlier_points_as_first_written(messages);
+            assert_eq!(earlier_points(messages).collect::<Vec<_>>(), expected);
+            assert_eq!(has_earlier_point(messages), !expected.is_empty());
+            let lens: Vec<usize> = points(messages, 0).iter().map(|p| p.len).collect();
+            assert_eq!(lens[..lens.len() - 1], expected[..]);
+        }
+    }
+
+    #[test]
+    fn a_conversations_only_point_leaves_no_state_to_resume_from() {
+        let (config, counter, memo) = (
+            PipelineConfig::default(),
+            TokenCounter::new(Encoding::O200kBase),
+            Memo::default(),
+        );
+        let env = env(&config, &counter, &memo, None);
+        let all = requests(3);
+        assert_eq!(run(&all[0], &env).remember, None);
+        let second = run(&all[1], &env).remember.unwrap();
+        assert_eq!(second.as_of, all[1].messages.len());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What the store remembers of a conversation's rewrites (prefix stability, `pipeline/prefix.rs`):
-//! where its rewrite was last rebuilt. It only saves work: the pipeline reaches the same
-//! decisions from the history alone, so a miss or a store error changes nothing sent.
+//! where its rewrite was last rebuilt. It saves work, since the pipeline reaches the same
+//! decisions from the history alone; a miss or a store error changes what is sent only for a
+//! history of more than `MAX_REPLAY` earlier requests, which a replica that knows nothing of it
+//! rebuilds (`long_history`) rather than replays.
 
 use std::time::Duration;
 

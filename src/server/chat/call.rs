@@ -97,20 +97,21 @@ pub struct Pipelined {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct StateReads {
     /// Where the conversation's rewrite was last rebuilt: only a request whose history shows
-    /// an earlier one resumes from it (and only such a request's state is worth saving: any
-    /// replica finds the state of a first request from its history alone).
+    /// an earlier one has a point to resume from.
     prefix: bool,
     /// Where its recalls were answered: put back after an earlier request, or into a retry of
-    /// a first request whose answer recalled (the recall tool is offered only among tools).
+    /// a first request whose answer recalled, which only a request that may be offered the
+    /// recall tool is (a recall pair in a request without tools would call a tool it lacks).
     recall_marks: bool,
 }
 
 impl StateReads {
     fn of(chat: &ChatRequest) -> StateReads {
         let earlier = pipeline::prefix::has_earlier_point(&chat.messages);
+        let client_tools = chat.tools.get().map_or(&[][..], Vec::as_slice);
         StateReads {
             prefix: earlier,
-            recall_marks: earlier || chat.tools.get().is_some_and(|t| !t.is_empty()),
+            recall_marks: earlier || recall::can_offer(chat, client_tools),
         }
     }
 }
@@ -238,7 +239,6 @@ impl<'a> ChatCall<'a> {
         } = self.run_pipeline().await?;
         if let (Some(conversation), Some(prefix)) = (&self.conversation, rewrite.remember)
             && Some(prefix) != remembered
-            && StateReads::of(&self.chat).prefix
         {
             prefix_state::save(self.state, conversation, prefix);
         }
@@ -339,15 +339,17 @@ impl<'a> ChatCall<'a> {
             };
             tokio::join!(
                 async {
-                    match reads.prefix {
-                        true => prefix_state::load(state, conversation).await,
-                        false => None,
+                    if reads.prefix {
+                        prefix_state::load(state, conversation).await
+                    } else {
+                        None
                     }
                 },
                 async {
-                    match reads.recall_marks {
-                        true => recall_marks::load(state, conversation).await,
-                        false => Vec::new(),
+                    if reads.recall_marks {
+                        recall_marks::load(state, conversation).await
+                    } else {
+                        Vec::new()
                     }
                 }
             )
@@ -360,9 +362,9 @@ impl<'a> ChatCall<'a> {
             }
         };
         // What another replica learned of the upstream's template (rarely asks the store).
-        let (sticky, (remembered, recalls), (), chain) = tokio::join!(
-            self.sticky_categories(),
+        let ((remembered, recalls), sticky, (), chain) = tokio::join!(
             conversation,
+            self.sticky_categories(),
             learned::refresh(state, self.upstream),
             chain
         );
@@ -597,6 +599,31 @@ mod tests {
         assert_eq!(
             reads(serde_json::json!({"model": "m", "messages": later})),
             both
+        );
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": later, "tools": tools})),
+            both
+        );
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": first, "tools": null})),
+            none
+        );
+        // An assistant message before any user message is no earlier request.
+        let greeting = serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "assistant", "content": "Hello, how can I help?"},
+            {"role": "user", "content": "Hi"}
+        ]);
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": greeting})),
+            none
+        );
+        // A client tool named like the recall tool: the proxy never offers its own.
+        let own =
+            serde_json::json!([{"type": "function", "function": {"name": recall::TOOL_NAME}}]);
+        assert_eq!(
+            reads(serde_json::json!({"model": "m", "messages": first, "tools": own})),
+            none
         );
     }
 }
