@@ -185,7 +185,7 @@ pub fn appended(request: &ChatRequest, recalled: &[Recalled]) -> ChatRequest {
 
 /// The assistant message that calls, and the tool messages that answer.
 pub fn pair(recalled: &[Recalled]) -> Vec<Message> {
-    let mut messages = vec![Mark::of(0, recalled).call];
+    let mut messages = vec![Mark::of(0, 0, recalled).call];
     messages.extend(results(recalled));
     messages
 }
@@ -206,16 +206,52 @@ fn results(recalled: &[Recalled]) -> impl Iterator<Item = Message> + '_ {
 pub struct Mark {
     pub at: usize,
     pub call: Message,
+    /// The digest of those `at` messages (`history_digest`): sessions that share a conversation
+    /// key (one `X-Conversation-Id` or `user` for several chats) put back only their own pairs.
+    /// Absent from a mark an earlier version stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<u64>,
 }
 
 impl Mark {
-    pub fn of(at: usize, recalled: &[Recalled]) -> Mark {
+    /// The mark of a recall answered after `at` messages whose digest is `history`.
+    pub fn of(at: usize, history: u64, recalled: &[Recalled]) -> Mark {
         let mut call = Message::text(Role::Assistant, "");
         call.content = Nullable::Null;
         call.tool_calls =
             Nullable::Value(Arc::new(recalled.iter().map(|r| r.call.clone()).collect()));
-        Mark { at, call }
+        Mark {
+            at,
+            call,
+            history: Some(history),
+        }
     }
+
+    /// Whether the mark was made after `client`'s first `at` messages.
+    fn answered_after(&self, client: &[Message]) -> bool {
+        let Some(history) = client.get(..self.at) else {
+            return false;
+        };
+        self.history
+            .is_none_or(|digest| digest == history_digest(history))
+    }
+}
+
+/// Seed of the digests of the histories recalls were answered after.
+const HISTORY_SEED: u64 = 0x7265_6361_6c6c_0002;
+
+/// A digest of `messages` for their marks (texts by the digest taken when they were read, the
+/// ids of calls too). A replica of another version may digest them otherwise: it then puts no
+/// pair back, and the model may recall again.
+pub fn history_digest(messages: &[Message]) -> u64 {
+    let mut hasher = FixedState::with_seed(HISTORY_SEED).build_hasher();
+    for message in messages {
+        crate::tokens::hash_message(message, &mut hasher);
+        for call in message.tool_calls() {
+            std::hash::Hash::hash(&call.id, &mut hasher);
+        }
+    }
+    std::hash::Hasher::finish(&hasher)
 }
 
 /// How a rewrite relates to the client's messages (what `PrefixReport` says of it): the
@@ -246,7 +282,7 @@ pub fn replay(
     let mut inserted = 0;
     let mut marks: Vec<&Mark> = marks
         .iter()
-        .filter(|m| anchor <= m.at && m.at <= n)
+        .filter(|m| anchor <= m.at && m.at <= n && m.answered_after(client))
         .collect();
     marks.sort_by_key(|m| m.at);
     for mark in marks {
@@ -385,7 +421,7 @@ mod tests {
             Some(original.to_owned())
         });
         // The re-ask was the first three messages, and the pair after them.
-        let mark = Mark::of(3, &recalled);
+        let mark = Mark::of(3, history_digest(&client), &recalled);
         let mut reasked = vec![
             client[0].clone(),
             tool_message("[cleared]"),
@@ -420,8 +456,45 @@ mod tests {
             appended_messages: 0,
         };
         let mut whole = next.clone();
-        assert_eq!(replay(&mut whole, &next, Some(rebuilt), &[mark]), 0);
+        assert_eq!(
+            replay(
+                &mut whole,
+                &next,
+                Some(rebuilt),
+                std::slice::from_ref(&mark)
+            ),
+            0
+        );
         assert_eq!(whole, next);
+
+        // Another session under the same conversation key, whose first three messages differ:
+        // the pair was not answered in its history.
+        let mut other = next.clone();
+        other[2] = Message::text(Role::User, "and the year?");
+        let mut sent_other = vec![
+            other[0].clone(),
+            tool_message("[cleared]"),
+            other[2].clone(),
+        ];
+        sent_other.extend(other[3..].iter().cloned());
+        let unchanged = sent_other.clone();
+        assert_eq!(
+            replay(
+                &mut sent_other,
+                &other,
+                Some(prefix),
+                std::slice::from_ref(&mark)
+            ),
+            0
+        );
+        assert_eq!(sent_other, unchanged);
+        // A mark an earlier version stored, without a digest, is put back as it was.
+        let legacy = Mark {
+            history: None,
+            ..mark
+        };
+        let mut sent_legacy = unchanged.clone();
+        assert_eq!(replay(&mut sent_legacy, &other, Some(prefix), &[legacy]), 2);
     }
 
     #[test]
@@ -440,7 +513,7 @@ mod tests {
         let recalled = answer(vec![call(&format!("{{\"handle\": \"{handle}\"}}"))], |_| {
             Some(original.to_owned())
         });
-        let mark = Mark::of(2, &recalled);
+        let mark = Mark::of(2, history_digest(&client), &recalled);
         // Appended since: a call of `x` (defined before it) and its result.
         let mut called = Message::text(Role::Assistant, "");
         called.tool_calls = Nullable::Value(Arc::new(vec![call("{}")]));

@@ -93,6 +93,8 @@ struct Recall {
     conversation: Option<String>,
     marks: Vec<Mark>,
     client_messages: usize,
+    /// The digest of the client's messages (`recall::history_digest`), for its marks.
+    client_history: u64,
 }
 
 /// Where a conversation's recalls go: its id (when it has one) and its recalls so far.
@@ -151,6 +153,7 @@ impl ExpandCall {
             conversation: conversation.id,
             marks: conversation.recalls,
             client_messages: client.messages.len(),
+            client_history: recall::history_digest(&client.messages),
         });
         if stubs.is_empty() && defined.is_empty() && recall.is_none() {
             return None;
@@ -269,9 +272,11 @@ impl ExpandCall {
         if !answered.is_empty() {
             self.request = recall::appended(&self.request, &answered);
             // The conversation's next requests keep the pair here.
-            recall
-                .marks
-                .push(Mark::of(recall.client_messages, &answered));
+            recall.marks.push(Mark::of(
+                recall.client_messages,
+                recall.client_history,
+                &answered,
+            ));
             if let Some(conversation) = &recall.conversation {
                 recall_marks::save(&self.state, conversation, &recall.marks);
             }
