@@ -19,7 +19,7 @@ use std::sync::Arc;
 use foldhash::quality::FixedState;
 use serde_json::Value;
 
-use crate::openai::{Message, Role};
+use crate::openai::{Content, Message, Role, SharedText};
 use crate::pipeline::identifiers::{
     call_label, is_strong_identifier, json_identifiers, prose_identifiers, prune,
     render_labelled_once,
@@ -36,8 +36,8 @@ struct Group<'a> {
     /// `true`), leaving out the values the second argument says another line shows; empty when
     /// it has nothing to say. Rendered only when the selection needs it.
     render: Box<Render<'a>>,
-    /// The identifiers it holds (see `values`).
-    values: Vec<Arc<[String]>>,
+    /// The identifiers it holds, by their numbers in `Mentions` (see `values`).
+    values: [&'a [u32]; 2],
     /// An assistant's message: its acronyms are terms, not values (`is_acronym`).
     without_acronyms: bool,
     /// A user or assistant message, rather than a tool call or result.
@@ -52,24 +52,34 @@ impl Group<'_> {
     /// The group with its `last_mention`, from `mentions`.
     fn mentioned(mut self, mentions: &Mentions<'_>) -> Self {
         self.last_mention = self
-            .values()
-            .filter_map(|v| mentions.get(v))
-            .copied()
+            .values(mentions)
+            .map(|n| mentions.last[n as usize])
             .max()
             .unwrap_or(self.position)
             .max(self.position);
         self
     }
 
-    /// The identifiers it holds, read in place from the memoized lists.
-    fn values(&self) -> impl Iterator<Item = &str> {
+    /// The numbers of the identifiers it holds.
+    fn values<'m>(&'m self, mentions: &'m Mentions<'_>) -> impl Iterator<Item = u32> + 'm {
         let without_acronyms = self.without_acronyms;
         self.values
             .iter()
             .flat_map(|v| v.iter())
-            .map(String::as_str)
-            .filter(move |v| !(without_acronyms && is_acronym(v)))
+            .copied()
+            .filter(move |&n| !(without_acronyms && is_acronym(mentions.values[n as usize])))
     }
+}
+
+/// Which line says a value (`select`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// No line has it yet.
+    Nobody,
+    /// A tool call's or result's line (which keeps its result whole).
+    Tool,
+    /// The message line first in the selection's order that has it.
+    Message(usize),
 }
 
 /// Renders a line: `(strong only, shown on another line) -> text`.
@@ -94,8 +104,96 @@ impl IsShown for HashSet<String, foldhash::fast::RandomState> {
         self.contains(value)
     }
 }
-/// The last position where the conversation mentions a value.
-pub type Mentions<'a> = HashMap<&'a str, usize, foldhash::fast::RandomState>;
+/// A message's identifiers as the ledger reads them: its content's, then each tool call's
+/// arguments', in that order (`Views::message_ids`).
+#[derive(Debug, Default)]
+pub struct MessageIds {
+    pub all: Vec<String>,
+    /// How many of `all` are the content's, then each tool call's.
+    content: usize,
+    calls: Vec<usize>,
+}
+
+impl crate::bounded::Weigh for MessageIds {
+    fn heap_bytes(&self) -> usize {
+        self.all.heap_bytes() + self.calls.capacity() * std::mem::size_of::<usize>()
+    }
+}
+
+/// The identifiers of the messages a ledger reads, each value numbered once, with the last
+/// position that mentions it: the ledger's maps over values are arrays indexed by number.
+pub struct Mentions<'a> {
+    numbers: HashMap<&'a str, u32, foldhash::fast::RandomState>,
+    /// Each number's value, and the last position that mentions it.
+    values: Vec<&'a str>,
+    last: Vec<usize>,
+    /// The numbers of each message's identifiers (in `MessageIds` order), one message after
+    /// another, and where each message's start.
+    numbered: Vec<u32>,
+    starts: Vec<usize>,
+    ids: &'a [Arc<MessageIds>],
+}
+
+impl<'a> Mentions<'a> {
+    /// The mentions of `removed` (messages with their positions), whose identifiers are `ids`.
+    pub fn of(removed: &[(usize, &Message)], ids: &'a [Arc<MessageIds>]) -> Mentions<'a> {
+        let total = ids.iter().map(|ids| ids.all.len()).sum();
+        let mut mentions = Mentions {
+            numbers: HashMap::with_capacity_and_hasher(total, Default::default()),
+            values: Vec::new(),
+            last: Vec::new(),
+            numbered: Vec::with_capacity(total),
+            starts: Vec::with_capacity(ids.len()),
+            ids,
+        };
+        for ((position, _), message_ids) in removed.iter().zip(ids) {
+            mentions.starts.push(mentions.numbered.len());
+            for id in &message_ids.all {
+                let number = mentions.number(id);
+                mentions.last[number as usize] = *position;
+                mentions.numbered.push(number);
+            }
+        }
+        mentions
+    }
+
+    fn number(&mut self, value: &'a str) -> u32 {
+        let next = self.values.len() as u32;
+        let number = *self.numbers.entry(value).or_insert(next);
+        if number == next {
+            self.values.push(value);
+            self.last.push(0);
+        }
+        number
+    }
+
+    /// Every value mentioned, once each.
+    pub fn values(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.values.iter().copied()
+    }
+
+    /// The numbers of the content's identifiers of message `index` (of `removed`).
+    fn content(&self, index: usize) -> &[u32] {
+        let start = self.starts[index];
+        &self.numbered[start..start + self.ids[index].content]
+    }
+
+    /// The numbers of the identifiers of the arguments of message `index`'s tool call `call`.
+    fn call(&self, index: usize, call: usize) -> &[u32] {
+        let ids = &self.ids[index];
+        let start = self.starts[index] + ids.content + ids.calls[..call].iter().sum::<usize>();
+        &self.numbered[start..start + ids.calls[call]]
+    }
+
+    /// The same, with `value` (one of them) mentioned again at `position`, later.
+    #[cfg(test)]
+    fn mentioned_at(mut self, value: &str, position: usize) -> Self {
+        if let Some(&number) = self.numbers.get(value) {
+            self.last[number as usize] = position;
+        }
+        self
+    }
+}
 
 /// Fewer remaining tokens than this are not worth a cut group.
 const MIN_PARTIAL_TOKENS: usize = 12;
@@ -105,8 +203,8 @@ fn content_of(message: &Message) -> std::borrow::Cow<'_, str> {
 }
 
 /// The ledger lines of `removed` (messages of summarized turns, in order, with their positions
-/// in the conversation), leaving out values in `shown`, within `max_tokens`. `mentions` maps
-/// a value to the last position where the conversation mentions it.
+/// in the conversation), leaving out values in `shown`, within `max_tokens`. `mentions` holds
+/// the identifiers of `removed` and the last position where the conversation mentions each.
 pub fn lines(
     removed: &[(usize, &Message)],
     shown: &impl IsShown,
@@ -153,10 +251,10 @@ pub fn lines(
                     Group {
                         position,
                         last_mention: position,
-                        values: vec![views.ids(&content)],
+                        values: [mentions.content(index), &[]],
                         without_acronyms: false,
                         prose: false,
-                        key: line_key(&["tool result", &content]),
+                        key: line_key(("tool result", content_digest(message))),
                         render: Box::new(move |strong, elsewhere| {
                             render("tool result", &content, strong, elsewhere)
                         }),
@@ -180,10 +278,10 @@ pub fn lines(
                         Group {
                             position,
                             last_mention: position,
-                            values: vec![views.ids(&content)],
+                            values: [mentions.content(index), &[]],
                             without_acronyms: assistant,
                             prose: true,
-                            key: line_key(&[role, &content]),
+                            key: line_key((role, content_digest(message))),
                             render: Box::new(move |strong, elsewhere| {
                                 let elsewhere =
                                     |v: &str| elsewhere(v) || (assistant && is_acronym(v));
@@ -199,7 +297,7 @@ pub fn lines(
                     .iter()
                     .take_while(|(_, m)| matches!(m.role, Role::Tool | Role::Function))
                     .count();
-                for call in message.tool_calls() {
+                for (number, call) in message.tool_calls().iter().enumerate() {
                     let result = (index + 1..index + 1 + block).find(|&k| {
                         !answered.contains(&k)
                             && removed[k].1.tool_call_id.get().map(String::as_str)
@@ -209,20 +307,21 @@ pub fn lines(
                         answered.insert(k);
                     }
                     let result_text = result.map(|k| content_of(removed[k].1)).unwrap_or_default();
-                    let values = vec![views.ids(&call.function.arguments), views.ids(&result_text)];
+                    let result_values = result.map_or(&[][..], |k| mentions.content(k));
+                    let key = line_key((
+                        "call",
+                        &call.function.name,
+                        &call.function.arguments,
+                        result.map(|k| content_digest(removed[k].1)),
+                    ));
                     groups.push(
                         Group {
                             position,
                             last_mention: position,
-                            values,
+                            values: [mentions.call(index, number), result_values],
                             without_acronyms: false,
                             prose: false,
-                            key: line_key(&[
-                                "call",
-                                &call.function.name,
-                                &call.function.arguments,
-                                &result_text,
-                            ]),
+                            key,
                             render: Box::new(move |strong, elsewhere| {
                                 let label =
                                     call_label(&call.function.name, &call.function.arguments);
@@ -241,7 +340,16 @@ pub fn lines(
             }
         }
     }
-    select(groups, &left_out, max_tokens, counter, memo)
+    select(groups, mentions, &left_out, max_tokens, counter, memo)
+}
+
+/// A digest of a message's content (the text's own, taken when it was read).
+fn content_digest(message: &Message) -> u64 {
+    match message.content.get() {
+        Some(Content::Text(text)) => text.digest(),
+        Some(parts) => SharedText::digest_of(&parts.text()),
+        None => 0,
+    }
 }
 
 /// An all-capitals word (`API`, `SQL`): in an assistant's prose, a term rather than a code.
@@ -257,8 +365,8 @@ pub struct Views<'a> {
 /// Seed of the memo keys of ledger lines.
 const LINE_SEED: u64 = 0x6c69_6e65_0000_0001;
 
-/// A hash of the texts a line is rendered from.
-fn line_key(parts: &[&str]) -> u64 {
+/// A hash of what a line is rendered from.
+fn line_key(parts: impl Hash) -> u64 {
     FixedState::with_seed(LINE_SEED).hash_one(parts)
 }
 
@@ -294,12 +402,20 @@ impl Views<'_> {
     }
 
     /// Every identifier a message shows: its content's and its tool calls' arguments.
-    pub fn message_ids(&self, message: &Message) -> Vec<String> {
-        let mut ids = self.ids(&content_of(message)).to_vec();
+    pub fn message_ids(&self, message: &Message) -> MessageIds {
+        let mut all = self.ids(&content_of(message)).to_vec();
+        let content = all.len();
+        let mut calls = Vec::with_capacity(message.tool_calls().len());
         for call in message.tool_calls() {
-            ids.extend(self.ids(&call.function.arguments).iter().cloned());
+            let arguments = self.ids(&call.function.arguments);
+            calls.push(arguments.len());
+            all.extend(arguments.iter().cloned());
         }
-        ids
+        MessageIds {
+            all,
+            content,
+            calls,
+        }
     }
 
     /// `Some(Null)` for a tree without identifiers, `None` for text that is not a tree (JSON or
@@ -337,6 +453,7 @@ impl Views<'_> {
 /// identifier of the groups that fit whole.
 fn select(
     groups: Vec<Group<'_>>,
+    mentions: &Mentions<'_>,
     left_out: &dyn Fn(&str, bool) -> bool,
     max_tokens: usize,
     counter: &TokenCounter,
@@ -351,33 +468,41 @@ fn select(
     });
     // A tool call's line keeps its result whole (labels and rows hang together). A message's
     // line says what no tool line holds, once: the first message line in that order has it.
-    let mut owner: HashMap<&str, Option<usize>, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(
-            groups.iter().map(|g| g.values().count()).sum(),
-            Default::default(),
-        );
+    let mut owner = vec![Owner::Nobody; mentions.values.len()];
     for group in groups.iter().filter(|g| !g.prose) {
-        for value in group.values() {
-            owner.insert(value, None);
+        for number in group.values(mentions) {
+            owner[number as usize] = Owner::Tool;
         }
     }
     for &index in order.iter().filter(|&&i| groups[i].prose) {
-        for value in groups[index].values() {
-            owner.entry(value).or_insert(Some(index));
+        for number in groups[index].values(mentions) {
+            if owner[number as usize] == Owner::Nobody {
+                owner[number as usize] = Owner::Message(index);
+            }
         }
     }
+    let owned_elsewhere = |number: usize, index: usize| {
+        !matches!(owner[number], Owner::Nobody) && owner[number] != Owner::Message(index)
+    };
     // "- " and the newline of each line.
     let tokens = |text: &str| counter.text_recurring(text) + 2;
     // A line and its tokens, memoized by what it depends on: its source and which of its values
     // it leaves out (the window moves one turn at a time; most lines stay the same).
     let render = |index: usize, strong: bool| -> Arc<(String, usize)> {
         let group = &groups[index];
-        let elsewhere =
-            |value: &str| group.prose && owner.get(value).is_some_and(|&o| o != Some(index));
+        let elsewhere = |value: &str| {
+            group.prose
+                && mentions
+                    .numbers
+                    .get(value)
+                    .is_some_and(|&n| owned_elsewhere(n as usize, index))
+        };
         let mut hasher = FixedState::with_seed(LINE_SEED).build_hasher();
         (group.key, strong, counter.encoding()).hash(&mut hasher);
-        for value in group.values() {
-            (left_out(value, strong) || elsewhere(value)).hash(&mut hasher);
+        for number in group.values(mentions) {
+            let value = mentions.values[number as usize];
+            (left_out(value, strong) || (group.prose && owned_elsewhere(number as usize, index)))
+                .hash(&mut hasher);
         }
         memo.value(hasher.finish(), || {
             let text = (group.render)(strong, &elsewhere);
@@ -473,18 +598,31 @@ mod tests {
         ]))
     }
 
-    /// The ledger of a whole conversation, nothing shown, no later mention, a roomy cap.
-    fn ledger_of(all: &[Message]) -> Vec<String> {
+    /// The ledger of `all`, leaving out `shown`, with `value` mentioned again at `position`
+    /// when given, within `max_tokens`.
+    fn lines_of(
+        all: &[Message],
+        shown: &impl IsShown,
+        again: Option<(&str, usize)>,
+        max_tokens: usize,
+    ) -> Vec<String> {
         let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
         let counter = TokenCounter::new(Encoding::O200kBase);
-        lines(
-            &removed,
-            &Shown::default(),
-            &Mentions::default(),
-            500,
-            &counter,
-            &Memo::default(),
-        )
+        let memo = Memo::default();
+        let ids: Vec<Arc<MessageIds>> = removed
+            .iter()
+            .map(|(_, m)| Arc::new(Views::new(&memo).message_ids(m)))
+            .collect();
+        let mut mentions = Mentions::of(&removed, &ids);
+        if let Some((value, position)) = again {
+            mentions = mentions.mentioned_at(value, position);
+        }
+        lines(&removed, shown, &mentions, max_tokens, &counter, &memo)
+    }
+
+    /// The ledger of a whole conversation, nothing shown, no later mention, a roomy cap.
+    fn ledger_of(all: &[Message]) -> Vec<String> {
+        lines_of(all, &Shown::default(), None, 500)
     }
 
     #[test]
@@ -551,32 +689,15 @@ mod tests {
     #[test]
     fn shown_values_are_not_repeated_and_the_cap_keeps_the_latest_mentioned() {
         let all = conversation();
-        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
-        let counter = TokenCounter::new(Encoding::O200kBase);
         let shown: Shown<'_> = ["#W9348897"].into_iter().collect();
-        let lines_shown = lines(
-            &removed,
-            &shown,
-            &Mentions::default(),
-            500,
-            &counter,
-            &Memo::default(),
-        );
+        let lines_shown = lines_of(&all, &shown, None, 500);
         assert_eq!(
             lines_shown[1],
             "get_order_details(order_id: #W9348897) → items: [item_id: 6117189161, price: 481.5], payment_method_id: credit_card_8853416"
         );
         assert_eq!(lines_shown[2], "assistant: $481.50");
         // The user's zip is mentioned again later: it outranks the newer assistant line.
-        let mentions: Mentions<'_> = [("80298", 9)].into_iter().collect();
-        let capped = lines(
-            &removed,
-            &Shown::default(),
-            &mentions,
-            14,
-            &counter,
-            &Memo::default(),
-        );
+        let capped = lines_of(&all, &Shown::default(), Some(("80298", 9)), 14);
         assert_eq!(capped, vec!["user: 80298, W9348897"]);
     }
 }

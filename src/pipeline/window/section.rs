@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use foldhash::quality::FixedState;
 
-use super::ledger::{self, IsShown, Mentions, Views};
+use super::ledger::{self, IsShown, Mentions, MessageIds, Views};
 use super::summary;
 use super::turns::Turn;
 use crate::bounded::Weigh;
@@ -148,7 +148,7 @@ fn ledger_state(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> Arc<S
         for message in head.iter().filter(|m| is_instruction(m)) {
             initial
                 .shown
-                .extend(message_ids(message, cx).iter().cloned());
+                .extend(message_ids(message, cx).all.iter().cloned());
         }
         initial
     });
@@ -175,7 +175,8 @@ fn step(previous: &State, head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>
     let mut next = previous.clone();
     // Instructions inside a summarized turn stay verbatim before the window.
     for message in turn.instructions() {
-        next.shown.extend(message_ids(message, cx).iter().cloned());
+        next.shown
+            .extend(message_ids(message, cx).all.iter().cloned());
     }
     // The same lines the section showed after the turn before, when its answer was not kept.
     let answer = before.last().map(tail).unwrap_or_default();
@@ -203,7 +204,9 @@ fn fold(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> State {
         .chain(older.iter().flat_map(|t| t.instructions()))
         .filter(|m| is_instruction(m))
     {
-        state.shown.extend(message_ids(message, cx).iter().cloned());
+        state
+            .shown
+            .extend(message_ids(message, cx).all.iter().cloned());
     }
     let Some((last, before)) = older.split_last() else {
         return state;
@@ -268,7 +271,7 @@ fn ledger_lines(
     ledger::lines(
         removed,
         shown,
-        &mentions(removed, &ids),
+        &Mentions::of(removed, &ids),
         max_tokens,
         cx.counter,
         cx.memo,
@@ -276,23 +279,8 @@ fn ledger_lines(
 }
 
 /// The identifiers of each message of `removed`.
-fn removed_ids(removed: &[(usize, &Message)], cx: &StageCx<'_>) -> Vec<Arc<[String]>> {
+fn removed_ids(removed: &[(usize, &Message)], cx: &StageCx<'_>) -> Vec<Arc<MessageIds>> {
     removed.iter().map(|(_, m)| message_ids(m, cx)).collect()
-}
-
-/// Each identifier of `removed` (`ids`, message by message), with the last position that
-/// mentions it.
-fn mentions<'a>(removed: &[(usize, &Message)], ids: &'a [Arc<[String]>]) -> Mentions<'a> {
-    let mut mentions = Mentions::with_capacity_and_hasher(
-        ids.iter().map(|ids| ids.len()).sum(),
-        Default::default(),
-    );
-    for ((position, _), ids) in removed.iter().zip(ids) {
-        for id in ids.iter() {
-            mentions.insert(id.as_str(), *position);
-        }
-    }
-    mentions
 }
 
 /// A block of ledger lines, their tokens, and the values they show that were not shown.
@@ -315,7 +303,7 @@ fn block(
         return Block::default();
     }
     let ids = removed_ids(removed, cx);
-    let mentions = mentions(removed, &ids);
+    let mentions = Mentions::of(removed, &ids);
     let lines = ledger::lines(removed, shown, &mentions, max_tokens, cx.counter, cx.memo);
     if lines.is_empty() {
         return Block::default();
@@ -326,9 +314,9 @@ fn block(
     }
     let added = Shows::new(&text);
     let found = mentions
-        .keys()
-        .filter(|value| !shown.contains(**value) && added.shows(value))
-        .map(|value| (*value).to_owned())
+        .values()
+        .filter(|value| !shown.contains(*value) && added.shows(value))
+        .map(str::to_owned)
         .collect();
     Block {
         tokens: lines_tokens(&lines, cx),
@@ -387,11 +375,11 @@ fn removed_of<'a>(turns: &[Turn<'a>]) -> Vec<(usize, &'a Message)> {
 }
 
 /// Every identifier a message shows, memoized by its content.
-fn message_ids(message: &Message, cx: &StageCx<'_>) -> Arc<[String]> {
+fn message_ids(message: &Message, cx: &StageCx<'_>) -> Arc<MessageIds> {
     let mut hasher = FixedState::with_seed(IDENTIFIERS_SEED).build_hasher();
     hash_message(message, &mut hasher);
     cx.memo
-        .identifiers(hasher.finish(), || Views::new(cx.memo).message_ids(message))
+        .value(hasher.finish(), || Views::new(cx.memo).message_ids(message))
 }
 
 /// A text and its words (the longest runs of letters, digits and `_`): whether it shows a value

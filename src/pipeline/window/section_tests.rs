@@ -251,7 +251,7 @@ fn a_block_adds_each_identifier_its_lines_show_and_the_ledger_did_not() {
     let removed = removed_of(&turns[..8]);
     let ids: Vec<String> = removed
         .iter()
-        .flat_map(|(_, m)| message_ids(m, &cx).to_vec())
+        .flat_map(|(_, m)| message_ids(m, &cx).all.clone())
         .collect();
     // One value the ledger already shows.
     let shown: HashSet<String, foldhash::fast::RandomState> = ids[..1].iter().cloned().collect();
