@@ -87,11 +87,16 @@ pub fn is_strong_identifier(value: &str) -> bool {
 
 /// The text of a scalar JSON value, when it is an identifier.
 pub fn scalar_identifier(value: &Value) -> Option<String> {
+    scalar_text(value).map(std::borrow::Cow::into_owned)
+}
+
+/// `scalar_identifier`, borrowed where the value holds it.
+fn scalar_text(value: &Value) -> Option<std::borrow::Cow<'_, str>> {
     match value {
-        Value::String(s) => is_identifier_value(s).then(|| s.clone()),
+        Value::String(s) => is_identifier_value(s).then_some(std::borrow::Cow::Borrowed(s)),
         Value::Number(n) => {
             let text = n.to_string();
-            is_identifier_value(&text).then_some(text)
+            is_identifier_value(&text).then_some(std::borrow::Cow::Owned(text))
         }
         _ => None,
     }
@@ -200,6 +205,8 @@ fn pair_hash(key: &str, value: &str) -> u64 {
     foldhash::quality::FixedState::with_seed(0x7361_6964).hash_one((key, value))
 }
 
+/// Renders `value` at the end of `out`, writing each part in place and taking back what turns
+/// out to say nothing (no copies of nested parts).
 fn render_into(
     value: &Value,
     parent_key: Option<&str>,
@@ -207,72 +214,96 @@ fn render_into(
     said: &mut Said<'_>,
     out: &mut String,
 ) {
-    let mut parts: Vec<String> = Vec::new();
     match value {
         Value::Object(map) => {
+            let mut first = true;
             for (key, child) in map {
+                let mark = out.len();
+                if !first {
+                    out.push_str(", ");
+                }
+                let start = out.len();
                 match child {
                     Value::Object(_) | Value::Array(_) => {
-                        let mut inner = String::new();
-                        render_into(child, Some(key), skip, said, &mut inner);
-                        if !inner.is_empty() {
-                            parts.push(if child.is_array() {
-                                format!("{key}: [{inner}]")
-                            } else {
-                                format!("{key}: {{{inner}}}")
-                            });
-                        } else if is_identifier_value(key)
-                            && key.chars().any(|c| c.is_ascii_digit())
-                            && !skip(key)
-                        {
-                            parts.push(key.clone());
+                        let (open, close) = if child.is_array() {
+                            (": [", ']')
+                        } else {
+                            (": {", '}')
+                        };
+                        out.push_str(key);
+                        out.push_str(open);
+                        let inner = out.len();
+                        render_into(child, Some(key), skip, said, out);
+                        if out.len() > inner {
+                            out.push(close);
+                        } else {
+                            out.truncate(start);
+                            if is_identifier_value(key)
+                                && key.chars().any(|c| c.is_ascii_digit())
+                                && !skip(key)
+                            {
+                                out.push_str(key);
+                            }
                         }
                     }
                     scalar => {
-                        let Some(text) = scalar_identifier(scalar) else {
-                            continue;
-                        };
-                        if parent_key == Some(text.as_str()) || skip(&text) {
-                            continue;
-                        }
-                        if let Some(said) = said.as_deref_mut()
-                            && !said.insert(pair_hash(key, &text))
+                        if let Some(text) = scalar_text(scalar)
+                            && parent_key != Some(text.as_ref())
+                            && !skip(&text)
+                            && said
+                                .as_deref_mut()
+                                .is_none_or(|said| said.insert(pair_hash(key, &text)))
                         {
-                            continue;
+                            out.push_str(key);
+                            out.push_str(": ");
+                            out.push_str(&text);
                         }
-                        parts.push(format!("{key}: {text}"));
                     }
                 }
+                if out.len() == start {
+                    out.truncate(mark);
+                } else {
+                    first = false;
+                }
             }
-            out.push_str(&parts.join(", "));
         }
         Value::Array(items) => {
+            let mut first = true;
             for item in items {
-                let mut part = String::new();
+                let mark = out.len();
+                if !first {
+                    out.push_str("; ");
+                }
+                let start = out.len();
                 match item {
-                    Value::Object(_) => render_into(item, None, skip, said, &mut part),
+                    Value::Object(_) => render_into(item, None, skip, said, out),
                     Value::Array(_) => {
-                        render_into(item, None, skip, said, &mut part);
-                        if !part.is_empty() {
-                            part = format!("[{part}]");
+                        out.push('[');
+                        let inner = out.len();
+                        render_into(item, None, skip, said, out);
+                        if out.len() > inner {
+                            out.push(']');
+                        } else {
+                            out.truncate(start);
                         }
                     }
                     scalar => {
-                        if let Some(text) = scalar_identifier(scalar)
+                        if let Some(text) = scalar_text(scalar)
                             && !skip(&text)
                         {
-                            part = text;
+                            out.push_str(&text);
                         }
                     }
                 }
-                if !part.is_empty() {
-                    parts.push(part);
+                if out.len() == start {
+                    out.truncate(mark);
+                } else {
+                    first = false;
                 }
             }
-            out.push_str(&parts.join("; "));
         }
         scalar => {
-            if let Some(text) = scalar_identifier(scalar)
+            if let Some(text) = scalar_text(scalar)
                 && !skip(&text)
             {
                 out.push_str(&text);
