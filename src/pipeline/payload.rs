@@ -122,7 +122,11 @@ fn is_tool_result(map: &Map<String, Value>) -> bool {
 pub fn bare(text: &str) -> Option<String> {
     let mut current: Option<String> = None;
     for _ in 0..MAX_ENVELOPES {
-        let Some(value) = parse_json(current.as_deref().unwrap_or(text)) else {
+        let candidate = current.as_deref().unwrap_or(text);
+        if !may_be_envelope(candidate) {
+            break;
+        }
+        let Some(value) = parse_json(candidate) else {
             break;
         };
         match bare_opened(&value) {
@@ -131,6 +135,18 @@ pub fn bare(text: &str) -> Option<String> {
         }
     }
     current
+}
+
+/// Whether `text` may be an envelope `bare_opened` opens, read without parsing it: an object
+/// with a `text` or a `content` key. A key is in the text as it is, quoted, unless written with
+/// a `\u` escape (no other escape makes one of these letters), so most results, which are
+/// none, are not parsed for nothing.
+fn may_be_envelope(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    text.trim_start().starts_with('{')
+        && [&b"\"text\""[..], b"\"content\"", b"\\u"]
+            .iter()
+            .any(|needle| memchr::memmem::find(bytes, needle).is_some())
 }
 
 /// `opened`, for an envelope that says nothing but what it wraps.
@@ -496,6 +512,20 @@ mod tests {
         }
         assert_eq!(bare("No results"), None);
         assert_eq!(bare(r#"{"id": 7}"#), None);
+        assert_eq!(bare(r#"[{"type": "text", "text": "x"}]"#), None);
+    }
+
+    #[test]
+    fn an_envelope_is_opened_however_its_keys_are_written() {
+        // Keys written with escapes (`\u0074ext` is `text`) are the same keys.
+        let escaped = r#"{"\u0063ontent": [{"type": "text", "\u0074ext": "No results"}]}"#;
+        assert_eq!(bare(escaped).as_deref(), Some("No results"));
+        let spaced = "  \n {\"content\": [{\"type\": \"text\", \"text\": \"42 rows\"}]}";
+        assert_eq!(bare(spaced).as_deref(), Some("42 rows"));
+        assert!(!may_be_envelope(
+            r#"{"rows": [[1, "Ann"]], "contents": "texts"}"#
+        ));
+        assert!(may_be_envelope(r#"{"rows": [[1, "Ann"]], "content": []}"#));
     }
 
     #[test]
