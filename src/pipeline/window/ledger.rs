@@ -174,15 +174,34 @@ impl<'a> Mentions<'a> {
 
     /// The numbers of the content's identifiers of message `index` (of `removed`).
     fn content(&self, index: usize) -> &[u32] {
-        let start = self.starts[index];
-        &self.numbered[start..start + self.ids[index].content]
+        let Some(ids) = self.ids.get(index) else {
+            return &[];
+        };
+        self.slice(index, 0, ids.content)
     }
 
     /// The numbers of the identifiers of the arguments of message `index`'s tool call `call`.
     fn call(&self, index: usize, call: usize) -> &[u32] {
-        let ids = &self.ids[index];
-        let start = self.starts[index] + ids.content + ids.calls[..call].iter().sum::<usize>();
-        &self.numbered[start..start + ids.calls[call]]
+        let Some(ids) = self.ids.get(index) else {
+            return &[];
+        };
+        let skip = ids.content + ids.calls.iter().take(call).sum::<usize>();
+        self.slice(index, skip, ids.calls.get(call).copied().unwrap_or(0))
+    }
+
+    /// `len` numbers of message `index`, `skip` after its first; none where it holds fewer
+    /// (only a memo key shared by two messages could make its identifiers disagree with the
+    /// message: a line then misses values, and no request fails).
+    fn slice(&self, index: usize, skip: usize, len: usize) -> &[u32] {
+        let Some(&start) = self.starts.get(index) else {
+            return &[];
+        };
+        let end = (self.starts.get(index + 1).copied()).unwrap_or(self.numbered.len());
+        let (from, to) = (start + skip, start + skip + len);
+        if to > end {
+            return &[];
+        }
+        self.numbered.get(from..to).unwrap_or(&[])
     }
 
     /// The same, with `value` (one of them) mentioned again at `position`, later.
@@ -623,6 +642,24 @@ mod tests {
     /// The ledger of a whole conversation, nothing shown, no later mention, a roomy cap.
     fn ledger_of(all: &[Message]) -> Vec<String> {
         lines_of(all, &Shown::default(), None, 500)
+    }
+
+    #[test]
+    fn identifiers_that_disagree_with_their_message_leave_values_out_and_fail_nothing() {
+        // What a memo key shared by two messages would hand over: no identifiers, no calls.
+        let all = conversation();
+        let removed: Vec<(usize, &Message)> = all.iter().enumerate().collect();
+        let ids: Vec<Arc<MessageIds>> = removed.iter().map(|_| Arc::default()).collect();
+        let mentions = Mentions::of(&removed, &ids);
+        assert!(mentions.call(1, 0).is_empty() && mentions.call(1, 5).is_empty());
+        assert!(mentions.content(0).is_empty() && mentions.content(99).is_empty());
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let memo = Memo::default();
+        let lines = lines(&removed, &Shown::default(), &mentions, 500, &counter, &memo);
+        assert!(
+            lines.iter().any(|l| l.starts_with("get_order_details(")),
+            "{lines:?}"
+        );
     }
 
     #[test]
