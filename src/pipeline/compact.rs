@@ -364,10 +364,73 @@ impl crate::bounded::Weigh for Read {
 /// Seed of the memo keys of read results.
 const READ_SEED: u64 = 0x7265_6164_0000_0001;
 
-/// `Read::of`, memoized by the result's text.
+/// From this size on a result's tree stays in the memo across requests: reading it again costs
+/// tens of microseconds or more. A smaller result's tree (about three times its text) is kept
+/// only while the rewrite that read it runs (`ReadScope`), and read again when a later request
+/// makes a new form of it.
+const READ_MEMO_MIN_BYTES: usize = 16 * 1024;
+
+/// Small results read by one rewrite, by the hash of their text.
+type Reads = HashMap<u64, Arc<Read>>;
+
+thread_local! {
+    /// The small results read by the rewrite this thread is running, when a `ReadScope` is
+    /// open: its forms (working set, cuts at each budget step, stub) share one read.
+    static READS: std::cell::RefCell<Option<Reads>> = const { std::cell::RefCell::new(None) };
+}
+
+/// While it lives, the small results that compaction reads on this thread are read once
+/// (`READS`); they go when it drops. Opened by each pipeline run; an inner scope is a no-op.
+pub struct ReadScope {
+    opened: bool,
+}
+
+impl ReadScope {
+    pub fn enter() -> ReadScope {
+        let opened = with_reads(|reads| match reads {
+            None => {
+                *reads = Some(HashMap::new());
+                true
+            }
+            Some(_) => false,
+        });
+        ReadScope {
+            opened: opened.unwrap_or(false),
+        }
+    }
+}
+
+impl Drop for ReadScope {
+    fn drop(&mut self) {
+        if self.opened {
+            with_reads(|reads| *reads = None);
+        }
+    }
+}
+
+/// `f` over this thread's reads; `None` when they are in use (never: nothing here nests).
+fn with_reads<T>(f: impl FnOnce(&mut Option<Reads>) -> T) -> Option<T> {
+    READS.with(|reads| reads.try_borrow_mut().ok().map(|mut reads| f(&mut reads)))
+}
+
+/// `Read::of`, memoized by the result's text: in the memo from `READ_MEMO_MIN_BYTES` on,
+/// else in the open `ReadScope` (read again outside one).
 fn read_result(text: &str, memo: &Memo) -> Arc<Read> {
     let key = FixedState::with_seed(READ_SEED).hash_one(text);
-    memo.value(key, || Read::of(text))
+    if text.len() >= READ_MEMO_MIN_BYTES {
+        return memo.value(key, || Read::of(text));
+    }
+    let known = with_reads(|reads| reads.as_ref().and_then(|reads| reads.get(&key).cloned()));
+    if let Some(read) = known.flatten() {
+        return read;
+    }
+    let read = Arc::new(Read::of(text));
+    with_reads(|reads| {
+        if let Some(reads) = reads {
+            reads.insert(key, Arc::clone(&read));
+        }
+    });
+    read
 }
 
 /// Seed of the memo keys of cut results.
