@@ -2,8 +2,6 @@
 //! cache stores), and a stored completion is replayed as a stream with the chunk structure of
 //! an upstream stream (role, content, tool calls, finish reason, usage when asked).
 
-use std::collections::BTreeMap;
-
 use crate::openai::sse::all_finished;
 
 use crate::openai::{
@@ -16,7 +14,7 @@ struct ChoiceParts {
     role: Option<Role>,
     content: Option<String>,
     /// index → (id, type, name, arguments)
-    tool_calls: BTreeMap<u32, (String, Option<String>, String, String)>,
+    tool_calls: Indexed<(String, Option<String>, String, String)>,
     finish_reason: Option<String>,
 }
 
@@ -24,8 +22,43 @@ struct ChoiceParts {
 #[derive(Default)]
 pub struct StreamAssembler {
     head: Option<(String, i64, String, Extra)>,
-    choices: BTreeMap<u32, ChoiceParts>,
+    choices: Indexed<ChoiceParts>,
     usage: Option<Usage>,
+}
+
+/// Parts by their `index`, in the order first seen: a stream has one choice or a few, and a
+/// vector of them is a fraction of a map's node, which every stream in flight holds.
+struct Indexed<T>(Vec<(u32, T)>);
+
+impl<T> Default for Indexed<T> {
+    fn default() -> Self {
+        Indexed(Vec::new())
+    }
+}
+
+impl<T: Default> Indexed<T> {
+    fn entry(&mut self, index: u32) -> &mut T {
+        let at = match self.0.iter().position(|(i, _)| *i == index) {
+            Some(at) => at,
+            None => {
+                self.0.push((index, T::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[at].1
+    }
+}
+
+impl<T> Indexed<T> {
+    fn values(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().map(|(_, value)| value)
+    }
+
+    /// By index, as a map would give them.
+    fn into_sorted(mut self) -> impl Iterator<Item = (u32, T)> {
+        self.0.sort_by_key(|(index, _)| *index);
+        self.0.into_iter()
+    }
 }
 
 impl StreamAssembler {
@@ -37,7 +70,7 @@ impl StreamAssembler {
             self.usage = Some(usage);
         }
         for choice in chunk.choices {
-            let parts = self.choices.entry(choice.index).or_default();
+            let parts = self.choices.entry(choice.index);
             let delta = choice.delta;
             if let Some(role) = delta.role {
                 parts.role = Some(role);
@@ -49,7 +82,7 @@ impl StreamAssembler {
                     .push_str(&text);
             }
             for call in delta.tool_calls.get().into_iter().flatten() {
-                let entry = parts.tool_calls.entry(call.index).or_default();
+                let entry = parts.tool_calls.entry(call.index);
                 if let Some(id) = &call.id {
                     entry.0.clone_from(id);
                 }
@@ -79,12 +112,12 @@ impl StreamAssembler {
         }
         let choices = self
             .choices
-            .into_iter()
+            .into_sorted()
             .map(|(index, parts)| {
                 let tool_calls: Vec<ToolCall> = parts
                     .tool_calls
-                    .into_values()
-                    .map(|(id, kind, name, arguments)| ToolCall {
+                    .into_sorted()
+                    .map(|(_, (id, kind, name, arguments))| ToolCall {
                         id,
                         kind,
                         function: FunctionCall {
@@ -266,6 +299,42 @@ mod tests {
         assert!(without_usage.iter().all(|c| c.usage.is_absent()));
         let body = String::from_utf8(sse_body(&without_usage)).unwrap();
         assert!(body.ends_with("data: [DONE]\n\n") && body.starts_with("data: {"));
+    }
+
+    #[test]
+    fn choices_and_calls_streamed_out_of_order_assemble_by_index() {
+        let chunk = |value: serde_json::Value| -> ChatCompletionChunk {
+            let mut base = json!({"id": "chatcmpl-2", "object": "chat.completion.chunk",
+                "created": 8, "model": "gpt-4o"});
+            base.as_object_mut()
+                .unwrap()
+                .extend(value.as_object().unwrap().clone());
+            serde_json::from_value(base).unwrap()
+        };
+        let call = |index: u32, id: &str, arguments: &str| {
+            json!({"index": index, "id": id, "type": "function",
+                "function": {"name": "weather", "arguments": arguments}})
+        };
+        let mut assembler = StreamAssembler::default();
+        for value in [
+            json!({"choices": [{"index": 1, "delta": {"role": "assistant", "content": "B"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant",
+                "tool_calls": [call(1, "c2", "{\"city\":"), call(0, "c1", "{}")]}}]}),
+            json!({"choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": "stop"},
+                {"index": 0, "delta": {"tool_calls": [{"index": 1,
+                    "function": {"arguments": "\"Lima\"}"}}]},
+                 "finish_reason": "tool_calls"}]}),
+        ] {
+            assembler.push(chunk(value));
+        }
+        let completion = serde_json::to_value(assembler.finish().unwrap()).unwrap();
+        assert_eq!(completion["choices"][0]["index"], 0);
+        let calls = &completion["choices"][0]["message"]["tool_calls"];
+        assert_eq!(calls[0]["id"], "c1");
+        assert_eq!(calls[1]["id"], "c2");
+        assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Lima\"}");
+        assert_eq!(completion["choices"][1]["index"], 1);
+        assert_eq!(completion["choices"][1]["message"]["content"], "Bb");
     }
 
     #[test]

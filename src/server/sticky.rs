@@ -4,7 +4,7 @@
 //! the response, streamed or not, or in the current turn of the request) and cleared after a
 //! turn without tools: a TTL of one turn without tools.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,8 +38,9 @@ pub async fn load(state: &SharedState, conversation: &str) -> Vec<String> {
 pub struct StickyUpdate {
     state: SharedState,
     conversation: String,
-    /// Tool name → its categories, for the tools the request offered.
-    categories: BTreeMap<String, Vec<String>>,
+    /// The categories of the tools the request offered (the memo's: a stream in flight holds
+    /// a reference, not a copy).
+    catalog: Arc<Catalog>,
     /// Tools called in the current turn of the request, then in the answer.
     used: Vec<String>,
     json: Vec<u8>,
@@ -56,21 +57,10 @@ impl StickyUpdate {
     ) -> StickyUpdate {
         let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
         let catalog = Catalog::memoized(tools, &state.config.pipeline.tools, &state.memo);
-        let categories = catalog
-            .categories
-            .iter()
-            .flat_map(|c| c.tools.iter().map(move |t| (t.clone(), c.name.clone())))
-            .fold(
-                BTreeMap::<String, Vec<String>>::new(),
-                |mut map, (tool, category)| {
-                    map.entry(tool).or_default().push(category);
-                    map
-                },
-            );
         StickyUpdate {
             state,
             conversation,
-            categories,
+            catalog,
             used: current_turn_calls(request),
             json: Vec::new(),
             streamed,
@@ -115,12 +105,9 @@ impl BodyObserver for StickyUpdate {
         {
             self.note_calls(&answer, "message");
         }
-        let mut categories: Vec<String> = self
-            .used
-            .iter()
-            .filter_map(|name| self.categories.get(name))
-            .flatten()
-            .cloned()
+        let mut categories: Vec<String> = (self.catalog.categories.iter())
+            .filter(|category| category.tools.iter().any(|tool| self.used.contains(tool)))
+            .map(|category| category.name.clone())
             .collect();
         categories.sort();
         categories.dedup();
