@@ -295,6 +295,7 @@ pub fn run_stage(
     env: &Env<'_>,
 ) -> Option<StageOutput<StageDetails>> {
     let stage = stages().into_iter().find(|s| s.name() == name)?;
+    let _reads = compact::ReadScope::enter();
     let (params, decided) = (Params::from_config(env.config), Decided::default());
     let cx = StageCx {
         config: env.config,

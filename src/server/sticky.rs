@@ -4,6 +4,7 @@
 //! the response, streamed or not, or in the current turn of the request) and cleared after a
 //! turn without tools: a TTL of one turn without tools.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,8 +106,14 @@ impl BodyObserver for StickyUpdate {
         {
             self.note_calls(&answer, "message");
         }
+        let used: HashSet<&str> = self.used.iter().map(String::as_str).collect();
         let mut categories: Vec<String> = (self.catalog.categories.iter())
-            .filter(|category| category.tools.iter().any(|tool| self.used.contains(tool)))
+            .filter(|category| {
+                category
+                    .tools
+                    .iter()
+                    .any(|tool| used.contains(tool.as_str()))
+            })
             .map(|category| category.name.clone())
             .collect();
         categories.sort();

@@ -209,7 +209,7 @@ fn a_small_result_is_read_once_per_rewrite_and_a_large_one_once_per_process() {
     let (a, b) = (read_result(&small, &memo), read_result(&small, &memo));
     assert!(!Arc::ptr_eq(&a, &b));
     assert_eq!(memo.bytes().0, 0);
-    {
+    let first = {
         let _rewrite = ReadScope::enter();
         let first = read_result(&small, &memo);
         {
@@ -219,8 +219,11 @@ fn a_small_result_is_read_once_per_rewrite_and_a_large_one_once_per_process() {
         }
         assert!(Arc::ptr_eq(&first, &read_result(&small, &memo)));
         assert!(first.tree().is_some());
-    }
-    assert!(!Arc::ptr_eq(&a, &read_result(&small, &memo)));
+        first
+    };
+    // The scope's reads went with it.
+    assert!(!Arc::ptr_eq(&first, &read_result(&small, &memo)));
+    assert!(READS.with(|reads| reads.borrow().is_none()));
     assert_eq!(memo.bytes().0, 0);
 
     let kept = read_result(&large, &memo);
