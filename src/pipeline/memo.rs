@@ -101,7 +101,7 @@ impl Memo {
     /// The whole rewrite for `key`, made on a miss.
     pub fn rewrite(&self, key: u64, make: impl FnOnce() -> super::Rewrite) -> Arc<super::Rewrite> {
         self.rewrites
-            .get_or_make(key, || Arc::new(make()), |r| approximate_bytes(&r.request))
+            .get_or_make(key, || Arc::new(make()), rewrite_bytes)
     }
 
     /// The whole rewrite for `key`, if it was kept.
@@ -198,15 +198,23 @@ fn read_block(json: &str) -> Result<Vec<Tool>, serde_json::Error> {
     Ok(tools)
 }
 
-/// About how many bytes a request holds: its texts, tool-call arguments and tool definitions.
+/// About how many bytes a kept rewrite holds: its request, and its report's stages.
+fn rewrite_bytes(rewrite: &Arc<super::Rewrite>) -> usize {
+    size_of::<super::Rewrite>()
+        + approximate_bytes(&rewrite.request)
+        + rewrite.report.stages.len() * size_of::<super::StageReport>()
+}
+
+/// About how many bytes a request holds: each message and tool call (their own size beside
+/// their texts: a short conversation is mostly that), tool-call arguments and tool definitions.
 fn approximate_bytes(request: &crate::openai::ChatRequest) -> usize {
     let message = |m: &crate::openai::Message| {
         m.content.get().map_or(0, |c| c.text().len())
             + m.tool_calls()
                 .iter()
-                .map(|c| c.function.arguments.len() + 64)
+                .map(|c| c.function.arguments.len() + size_of::<crate::openai::ToolCall>())
                 .sum::<usize>()
-            + 64
+            + size_of::<crate::openai::Message>()
     };
     let tools = request
         .tools
@@ -315,6 +323,35 @@ mod tests {
             assert_eq!(with.is_ok(), reads, "depth {depth}");
             assert_eq!(without.is_ok(), reads, "depth {depth}");
         }
+    }
+
+    #[test]
+    fn a_kept_rewrite_weighs_its_messages_and_report_not_only_its_texts() {
+        let memo = Memo::default();
+        let request: crate::openai::ChatRequest = serde_json::from_value(serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "ok?"}]
+        }))
+        .unwrap();
+        let rewrite = memo.rewrite(1, || super::super::Rewrite {
+            request,
+            report: crate::pipeline::PipelineReport {
+                tokens_before: 3,
+                tokens_after: 3,
+                stages: Vec::new(),
+                budget: 4_000,
+                fits: true,
+                over_budget: None,
+                prefix: None,
+            },
+            remember: None,
+        });
+        let (_, bytes) = memo.bytes();
+        assert!(bytes >= rewrite_bytes(&rewrite));
+        assert!(
+            bytes >= size_of::<super::super::Rewrite>() + 3 * size_of::<crate::openai::Message>()
+        );
     }
 
     #[test]
