@@ -202,7 +202,7 @@ fn read_block(json: &str) -> Result<Vec<Tool>, serde_json::Error> {
 fn rewrite_bytes(rewrite: &Arc<super::Rewrite>) -> usize {
     size_of::<super::Rewrite>()
         + approximate_bytes(&rewrite.request)
-        + rewrite.report.stages.len() * size_of::<super::StageReport>()
+        + size_of_val(rewrite.report.stages.as_slice())
 }
 
 /// About how many bytes a request holds: each message and tool call (their own size beside
