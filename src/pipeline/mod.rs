@@ -140,7 +140,7 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let (config, counter) = (env.config, env.counter);
     let reminder = env
         .reinforcement
-        .and_then(|r| reinforcement::reminder(request, r));
+        .and_then(|r| reinforcement::reminder(&request.messages, r));
     // The reminder is added last, so the stages make room for it.
     let reserve = reminder.map_or(0, |text| counter.text(text) + 2);
     let budget = env.budget.saturating_sub(reserve);
@@ -196,7 +196,7 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
             tokens_after: tokens,
             applied: true,
             details: StageDetails::Reinforcement(reinforcement::ReinforcementDetails {
-                messages: reinforcement::conversation_length(request),
+                messages: reinforcement::conversation_length(&request.messages),
             }),
         });
         tokens_after = tokens;

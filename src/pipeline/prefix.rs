@@ -112,14 +112,41 @@ struct Point {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Whole {
     tokens: usize,
-    /// The names of the tools, in order: the same names with other definitions are a tool
-    /// promoted in place (a strict tool the conversation needed), not another block.
-    tool_names: u64,
-    /// The same without the recall tool: what is compared where the client's block is sent
-    /// as it is.
-    names_but_recall: u64,
+    names: Names,
     reminder: bool,
     fits: bool,
+}
+
+/// The digests of the names of the tools a rewrite sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Names {
+    /// The names, in order: the same names with other definitions are a tool promoted in place
+    /// (a strict tool the conversation needed), not another block.
+    all: u64,
+    /// The same without the recall tool: what is compared where the client's block is sent as
+    /// it is.
+    but_recall: u64,
+}
+
+impl Names {
+    fn of(names: &[&str]) -> Names {
+        let hash = |names: &[&&str]| FixedState::with_seed(WHOLE_SEED).hash_one(names);
+        let all: Vec<&&str> = names.iter().collect();
+        let but_recall: Vec<&&str> = names.iter().filter(|n| **n != recall::TOOL_NAME).collect();
+        Names {
+            all: hash(&all),
+            but_recall: hash(&but_recall),
+        }
+    }
+}
+
+/// What a point's whole rewrite sends besides its messages, when that is known without making
+/// it (`Decide::known_at`).
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    names: Names,
+    tool_tokens: usize,
+    reminder: bool,
 }
 
 impl crate::bounded::Weigh for Whole {
@@ -160,8 +187,8 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
         env,
         settings,
         tools_fixed: sends_block_whole(request, env.config, env.counter),
-        reminder_possible: env.reinforcement.is_some_and(|r| r.enabled),
         appended: vec![std::cell::OnceCell::new(); request.messages.len()],
+        client_block: std::cell::OnceCell::new(),
         made: std::cell::RefCell::new(Vec::new()),
     };
 
@@ -296,14 +323,30 @@ struct Decide<'a> {
     settings: u64,
     /// The tools stage sends the client's block as it is: the tools never change.
     tools_fixed: bool,
-    /// The reinforcement reminder may start at some point.
-    reminder_possible: bool,
     /// Each message's tokens as appended, by index, once known: a cold request's points sum
     /// the same messages many times, and each sum would hash the message again.
     appended: Vec<std::cell::OnceCell<usize>>,
+    /// The names and tokens of the client's tools, once read.
+    client_block: std::cell::OnceCell<(Names, usize)>,
     /// Whole rewrites this request made for earlier points, each with its point, while that
     /// point may still be the anchor (`Decide::whole_at`).
     made: std::cell::RefCell<Vec<(usize, Rewrite)>>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test that makes every whole rewrite the floor would have left out.
+    static FLOOR_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether decisions may be taken from the floor, without the whole rewrite (always, but in a
+/// test that checks the floor against the whole).
+fn floor_on() -> bool {
+    #[cfg(test)]
+    if FLOOR_OFF.get() {
+        return false;
+    }
+    true
 }
 
 /// Tokens a whole rewrite may save below the sum of its parts' own counts (a system message's
@@ -322,29 +365,26 @@ impl Decide<'_> {
                 .sum::<usize>();
         let threshold = env.config.clear_at_least_tokens;
         let budget_on = env.config.budget.enabled;
-        if self.tools_fixed && !self.reminder_possible {
-            // The whole rewrite is never smaller than what no step cuts: when that floor leaves
-            // less than the threshold to remove, and the budget cannot be met by rebuilding
-            // either, the answer is known without making it.
-            let floor = self.floor(points[k].len);
-            let may_pay = appended >= floor.saturating_add(threshold);
-            let may_fit = budget_on && appended > env.budget && floor <= env.budget;
-            if !may_pay && !may_fit {
-                return None;
+        // The whole rewrite is never smaller than what no step cuts: when that floor leaves less
+        // than the threshold to remove, and the budget cannot be met by rebuilding either, the
+        // answer is known without making it, once its tools and reminder are known to be the
+        // anchor's.
+        if floor_on()
+            && let Some(known) = self.known_at(k)
+        {
+            let same_block = self.names(known.names) == self.names(anchored.names);
+            let reminder_starts = known.reminder && !anchored.reminder;
+            if same_block && !reminder_starts {
+                let floor = self.floor(points[k].len, known.tool_tokens);
+                let may_pay = appended >= floor.saturating_add(threshold);
+                let may_fit = budget_on && appended > env.budget && floor <= env.budget;
+                if !may_pay && !may_fit {
+                    return None;
+                }
             }
         }
         let whole = whole_k();
-        // A tool promoted in place (the re-ask of a strict stub did it already) is appended
-        // to, with the whole rewrite's tools; another block is rebuilt. The recall tool
-        // joining the client's own block is not another block (see the module doc).
-        let names = |w: &Whole| {
-            if self.tools_fixed {
-                w.names_but_recall
-            } else {
-                w.tool_names
-            }
-        };
-        if names(&whole) != names(&anchored) {
+        if self.names(whole.names) != self.names(anchored.names) {
             return Some(Rebuilt::ToolsChanged);
         }
         if whole.reminder && !anchored.reminder {
@@ -408,13 +448,69 @@ impl Decide<'_> {
         *self.appended[index].get_or_init(|| appended_tokens(message, self.settings, self.env))
     }
 
-    /// A lower bound of the whole rewrite of the first `len` messages: the tools (sent as they
-    /// are), the first system message (verbatim) and the working set (in the form a whole
-    /// rewrite keeps it, which is the appended form), less `FLOOR_SLACK`.
-    fn floor(&self, len: usize) -> usize {
+    /// What is compared of two rewrites' tools: a tool promoted in place (the re-ask of a
+    /// strict stub did it already) is appended to, with the whole rewrite's tools; another
+    /// block is rebuilt. The recall tool joining the client's own block is not another block
+    /// (see the module doc).
+    fn names(&self, names: Names) -> u64 {
+        if self.tools_fixed {
+            names.but_recall
+        } else {
+            names.all
+        }
+    }
+
+    /// The tools the whole rewrite at point `k` sends, and whether it starts the reminder,
+    /// without making it: the client's block where the tools stage sends it as it is (the
+    /// recall tool, which the compaction may add, left out), or the block the stage decides
+    /// from the point's history, with the recall tool a decided block always offers. `None`
+    /// where the stage decides to send the client's block after all: whether the recall tool
+    /// joins it is the compaction's to say.
+    fn known_at(&self, k: usize) -> Option<Known> {
+        let env = self.env;
+        let reminder = env
+            .reinforcement
+            .and_then(|r| {
+                super::reinforcement::reminder(&self.request.messages[..self.points[k].len], r)
+            })
+            .is_some();
+        let client_tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        if self.tools_fixed {
+            let (names, tool_tokens) = *self.client_block.get_or_init(|| {
+                let names = Names::of(&self.request.tool_names());
+                (names, env.counter.tools(client_tools))
+            });
+            return Some(Known {
+                names,
+                tool_tokens,
+                reminder,
+            });
+        }
+        let truncated = request_at(self.request, self.points[k]);
+        let mut sticky = Vec::new();
+        let env = env_at(&truncated, self.points.len() == 1, env, &mut sticky);
+        let mut tools = super::tools::block_decided(&truncated, &env)?;
+        let compact = &env.config.compact;
+        if compact.enabled && compact.recall && !tools.is_empty() && !recall::offered(client_tools)
+        {
+            recall::offer_in(&mut tools);
+        }
+        let names: Vec<&str> = (tools.iter())
+            .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
+            .collect();
+        Some(Known {
+            names: Names::of(&names),
+            tool_tokens: env.counter.tools(&tools),
+            reminder,
+        })
+    }
+
+    /// A lower bound of the whole rewrite of the first `len` messages: its tools
+    /// (`tool_tokens`), the first system message (verbatim) and the working set (in the form a
+    /// whole rewrite keeps it, which is the appended form), less `FLOOR_SLACK`.
+    fn floor(&self, len: usize, tool_tokens: usize) -> usize {
         let env = self.env;
         let messages = &self.request.messages[..len];
-        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
         let system = messages
             .iter()
             .find(|m| matches!(m.role, Role::System | Role::Developer))
@@ -428,7 +524,7 @@ impl Decide<'_> {
             })
             .map(|(i, _)| self.appended_at(i))
             .sum();
-        (env.counter.tools(tools) + system + kept).saturating_sub(FLOOR_SLACK)
+        (tool_tokens + system + kept).saturating_sub(FLOOR_SLACK)
     }
 }
 
@@ -607,16 +703,9 @@ fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) ->
 }
 
 fn summary(rewrite: &Rewrite) -> Whole {
-    let names = rewrite.request.tool_names();
     Whole {
         tokens: rewrite.report.tokens_after,
-        tool_names: FixedState::with_seed(WHOLE_SEED).hash_one(&names),
-        names_but_recall: FixedState::with_seed(WHOLE_SEED).hash_one(
-            names
-                .iter()
-                .filter(|n| **n != recall::TOOL_NAME)
-                .collect::<Vec<_>>(),
-        ),
+        names: Names::of(&rewrite.request.tool_names()),
         reminder: rewrite
             .report
             .stages
@@ -995,45 +1084,54 @@ mod tests {
 
     #[test]
     fn the_floor_never_changes_a_decision() {
-        // A reinforcement config that never adds its reminder turns the floor's shortcut off.
-        let never = ReinforcementConfig {
+        let reminder = ReinforcementConfig {
             enabled: true,
-            after_messages: usize::MAX,
-            text: "unused".into(),
+            after_messages: 30,
+            text: "Follow the policy.".into(),
         };
-        // An agent's small block is sent as it is, and the recall tool joins it.
+        // Small blocks are sent as they are, and the recall tool joins them; with no block or
+        // definition small, the tools stage decides a block of stubs and the tools the
+        // conversation's first turn needs.
+        let sent_whole = PipelineConfig::default();
+        let mut decided = PipelineConfig::default();
+        decided.tools.min_tool_tokens = 0;
+        decided.tools.min_stub_tokens = 0;
+        let chat = requests(40);
         let agent = requests_of(&synthetic::autonomous_agent(30).unwrap());
-        for (requests, budget) in [
-            (requests(40), 2_000),
-            (requests(40), 4_000),
-            (requests(40), 1_000_000),
-            (agent.clone(), 2_000),
-            (agent.clone(), 4_000),
-            (agent, 1_000_000),
-        ] {
-            let config = PipelineConfig::default();
-            let counter = TokenCounter::new(Encoding::O200kBase);
-            let (fast, slow) = (Memo::default(), Memo::default());
-            for request in &requests {
-                let shortcut = run(
-                    request,
-                    &Env {
+        let budgets = [
+            (2_000, None),
+            (4_000, None),
+            (1_000_000, None),
+            (1_000_000, Some(&reminder)),
+        ];
+        for config in [&sent_whole, &decided] {
+            let mut left_out = 0;
+            for (requests, (budget, reinforcement)) in [&chat, &agent]
+                .into_iter()
+                .flat_map(|r| budgets.map(|b| (r, b)))
+            {
+                let counter = TokenCounter::new(Encoding::O200kBase);
+                let (fast, slow) = (Memo::default(), Memo::default());
+                for request in requests {
+                    let env = |memo| Env {
                         budget,
-                        ..env(&config, &counter, &fast, None)
-                    },
-                );
-                let full = run(
-                    request,
-                    &Env {
-                        budget,
-                        reinforcement: Some(&never),
-                        ..env(&config, &counter, &slow, None)
-                    },
-                );
-                assert_eq!(shortcut.request, full.request, "budget {budget}");
-                let rebuilt = |r: &Rewrite| r.report.prefix.as_ref().and_then(|p| p.rebuilt);
-                assert_eq!(rebuilt(&shortcut), rebuilt(&full));
+                        reinforcement,
+                        ..env(config, &counter, memo, None)
+                    };
+                    let shortcut = run(request, &env(&fast));
+                    FLOOR_OFF.set(true);
+                    let full = run(request, &env(&slow));
+                    FLOOR_OFF.set(false);
+                    assert_eq!(shortcut.request, full.request, "budget {budget}");
+                    let prefix = |r: &Rewrite| r.report.prefix.clone().unwrap();
+                    let (shortcut, full) = (prefix(&shortcut), prefix(&full));
+                    assert_eq!(shortcut.rebuilt, full.rebuilt);
+                    assert!(full.whole_tokens.is_some());
+                    left_out += usize::from(shortcut.whole_tokens.is_none());
+                }
             }
+            // The floor decided without the whole rewrite somewhere.
+            assert!(left_out > 0);
         }
     }
 

@@ -64,10 +64,16 @@ pub fn allowance(request: &ChatRequest, config: &PipelineConfig, counter: &Token
 
 /// `request` with the recall tool last in its block (once).
 pub fn offer(request: &mut ChatRequest) {
-    let (Some(tool), Nullable::Value(tools)) = (TOOL.as_ref(), &mut request.tools) else {
-        return;
-    };
-    if !names_recall(tools) {
+    if let Nullable::Value(tools) = &mut request.tools {
+        offer_in(tools);
+    }
+}
+
+/// `tools` with the recall tool last (once).
+pub fn offer_in(tools: &mut Vec<Tool>) {
+    if let Some(tool) = TOOL.as_ref()
+        && !names_recall(tools)
+    {
         tools.push(tool.clone());
     }
 }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::guards::ReinforcementConfig;
-use crate::openai::{ChatRequest, Role};
+use crate::openai::{Message, Role};
 
 /// `reinforcement`: the reminder added, for a conversation this long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -14,18 +14,17 @@ pub struct ReinforcementDetails {
 }
 
 /// Messages of the conversation, system and developer messages not counted.
-pub fn conversation_length(request: &ChatRequest) -> usize {
-    request
-        .messages
+pub fn conversation_length(messages: &[Message]) -> usize {
+    messages
         .iter()
         .filter(|m| !matches!(m.role, Role::System | Role::Developer))
         .count()
 }
 
 /// The reminder to add to this request, if any.
-pub fn reminder<'a>(request: &ChatRequest, config: &'a ReinforcementConfig) -> Option<&'a str> {
+pub fn reminder<'a>(messages: &[Message], config: &'a ReinforcementConfig) -> Option<&'a str> {
     let text = config.text.trim();
-    (config.enabled && !text.is_empty() && conversation_length(request) > config.after_messages)
+    (config.enabled && !text.is_empty() && conversation_length(messages) > config.after_messages)
         .then_some(text)
 }
 
@@ -34,7 +33,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::openai::Content;
+    use crate::openai::{ChatRequest, Content};
     use crate::pipeline::StageName;
     use crate::pipeline::{Env, Memo, PipelineConfig, run};
     use crate::tokens::{Encoding, TokenCounter};

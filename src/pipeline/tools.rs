@@ -40,7 +40,7 @@ pub use inline::definitions_from;
 pub use report::Reason;
 
 use super::config::{LeftOut, PipelineConfig};
-use super::stage::{Stage, StageCx, StageName, StageOutput};
+use super::stage::{Decided, Params, Stage, StageCx, StageName, StageOutput};
 use crate::openai::{ChatRequest, Message, Tool};
 use block::{chosen_tool, demanded_call, first_point, first_turn_block, is_small_block};
 use catalog::tool_name;
@@ -106,6 +106,31 @@ impl Stage for ToolsStage {
     }
 }
 
+/// The tools a whole rewrite of `request` sends when this stage decides its block (before the
+/// recall tool joins it); `None` when it sends the client's block as it is. What `apply` does
+/// to the tools, without running the stages before it: the block depends on the client's
+/// messages only.
+pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<Vec<Tool>> {
+    if sends_block_whole(request, env.config, env.counter) {
+        return None;
+    }
+    let tools = request.tools.get()?;
+    let (params, decided) = (Params::from_config(env.config), Decided::default());
+    let cx = StageCx {
+        config: env.config,
+        params: &params,
+        counter: env.counter,
+        memo: env.memo,
+        sticky_categories: env.sticky_categories,
+        original_messages: &request.messages,
+        decided: &decided,
+    };
+    let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
+    let plan = plan(&catalog, tools, request, &request.messages, &cx);
+    let block = Block::of(&plan, tools, &cx);
+    (!block.unchanged).then_some(block.kept)
+}
+
 fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
     let config = &cx.config.tools;
     let catalog = Catalog::memoized(tools, config, cx.memo);
@@ -113,39 +138,8 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
     let plan = plan(&catalog, tools, request, original, cx);
     // Scores of the current turn, for the report (the block was decided at the first).
     let scores = turn_scores(&catalog, original, config, cx.memo);
-
-    let offered = tools.len();
-    // Left-out tools become stubs in place (the block keeps the client's order), unless
-    // they are removed. Tools without a function name (other tool types) are always kept.
-    let defined_inline: BTreeSet<&str> = plan
-        .placed
-        .iter()
-        .flat_map(|p| p.names.iter().map(String::as_str))
-        .collect();
-    let mut forms = BTreeMap::new();
-    let mut kept: Vec<Tool> = Vec::with_capacity(offered);
-    for tool in tools {
-        let Some(name) = tool_name(tool) else {
-            kept.push(tool.clone());
-            continue;
-        };
-        let form = if plan.full.contains(name) {
-            kept.push(concise::concise(tool));
-            ToolForm::Full
-        } else if plan.stubs {
-            let max = config.stub_description_tokens;
-            kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
-            if defined_inline.contains(name) {
-                ToolForm::Inline
-            } else {
-                ToolForm::Stub
-            }
-        } else {
-            ToolForm::Removed
-        };
-        forms.insert(name.to_owned(), form);
-    }
-    let stubbed = forms.values().filter(|f| f.is_stub()).count();
+    let block = Block::of(&plan, tools, cx);
+    let stubbed = block.forms.values().filter(|f| f.is_stub()).count();
     let scores = scores
         .iter()
         .map(|(name, (score, keywords))| {
@@ -157,26 +151,79 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
         })
         .collect();
     let details = ToolsDetails {
-        sent: Some(kept.len() - stubbed),
+        sent: Some(block.kept.len() - stubbed),
         stubs: Some(stubbed),
-        inline: (!defined_inline.is_empty()).then_some(defined_inline.len()),
+        inline: (block.defined_inline > 0).then_some(block.defined_inline),
         reason: Some(plan.reason),
         classifier: Some(Classified {
-            forms,
+            forms: block.forms,
             categories: plan.categories,
             scores,
             sticky: cx.sticky_categories.to_vec(),
             protected: plan.protected,
         }),
-        ..ToolsDetails::offered(offered)
+        ..ToolsDetails::offered(tools.len())
     };
-    let placed = placed_definitions(&plan.placed, tools, config.definitions);
     Decision {
-        // Every tool in full is not the client's block when a full tool is concise.
-        unchanged: placed.is_empty() && kept == tools,
-        kept,
+        unchanged: block.unchanged,
+        kept: block.kept,
         details,
-        placed,
+        placed: block.placed,
+    }
+}
+
+/// The tools a plan sends, each in its form, and the definitions it places in the messages.
+struct Block {
+    kept: Vec<Tool>,
+    forms: BTreeMap<String, ToolForm>,
+    defined_inline: usize,
+    placed: Vec<(usize, Message)>,
+    /// The client's block as it is, and nothing placed.
+    unchanged: bool,
+}
+
+impl Block {
+    fn of(plan: &Plan, tools: &[Tool], cx: &StageCx<'_>) -> Block {
+        let config = &cx.config.tools;
+        // Left-out tools become stubs in place (the block keeps the client's order), unless
+        // they are removed. Tools without a function name (other tool types) are always kept.
+        let defined_inline: BTreeSet<&str> = plan
+            .placed
+            .iter()
+            .flat_map(|p| p.names.iter().map(String::as_str))
+            .collect();
+        let mut forms = BTreeMap::new();
+        let mut kept: Vec<Tool> = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let Some(name) = tool_name(tool) else {
+                kept.push(tool.clone());
+                continue;
+            };
+            let form = if plan.full.contains(name) {
+                kept.push(concise::concise(tool));
+                ToolForm::Full
+            } else if plan.stubs {
+                let max = config.stub_description_tokens;
+                kept.push(stubs::stub(tool, max, cx.counter, cx.memo));
+                if defined_inline.contains(name) {
+                    ToolForm::Inline
+                } else {
+                    ToolForm::Stub
+                }
+            } else {
+                ToolForm::Removed
+            };
+            forms.insert(name.to_owned(), form);
+        }
+        let placed = placed_definitions(&plan.placed, tools, config.definitions);
+        Block {
+            // Every tool in full is not the client's block when a full tool is concise.
+            unchanged: placed.is_empty() && kept == tools,
+            defined_inline: defined_inline.len(),
+            kept,
+            forms,
+            placed,
+        }
     }
 }
 
