@@ -296,17 +296,9 @@ pub fn run_stage(
 ) -> Option<StageOutput<StageDetails>> {
     let stage = stages().into_iter().find(|s| s.name() == name)?;
     let _reads = compact::ReadScope::enter();
-    let (params, decided) = (Params::from_config(env.config), Decided::default());
-    let cx = StageCx {
-        config: env.config,
-        params: &params,
-        counter: env.counter,
-        memo: env.memo,
-        sticky_categories: env.sticky_categories,
-        original_messages: original,
-        decided: &decided,
-    };
-    Some(stage.apply(input, &cx))
+    Some(StageCx::first_pass(env, original, |cx| {
+        stage.apply(input, cx)
+    }))
 }
 
 /// The stages run over `request` (of `tokens` tokens) with `params`: the request they leave,

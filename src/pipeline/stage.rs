@@ -98,6 +98,27 @@ pub struct StageCx<'a> {
     pub decided: &'a Decided,
 }
 
+impl StageCx<'_> {
+    /// `run` with the context of a whole rewrite's first pass over the client's messages
+    /// `original`: the configured parameters, nothing decided yet.
+    pub fn first_pass<T>(
+        env: &super::Env<'_>,
+        original: &[Message],
+        run: impl FnOnce(&StageCx<'_>) -> T,
+    ) -> T {
+        let (params, decided) = (Params::from_config(env.config), Decided::default());
+        run(&StageCx {
+            config: env.config,
+            params: &params,
+            counter: env.counter,
+            memo: env.memo,
+            sticky_categories: env.sticky_categories,
+            original_messages: original,
+            decided: &decided,
+        })
+    }
+}
+
 #[cfg(test)]
 impl<'a> StageCx<'a> {
     /// A stage's context for a test: `original` as the client's messages, no sticky categories.

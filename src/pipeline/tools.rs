@@ -40,7 +40,7 @@ pub use inline::definitions_from;
 pub use report::Reason;
 
 use super::config::{LeftOut, PipelineConfig};
-use super::stage::{Decided, Params, Stage, StageCx, StageName, StageOutput};
+use super::stage::{Stage, StageCx, StageName, StageOutput};
 use crate::openai::{ChatRequest, Message, Tool};
 use block::{chosen_tool, demanded_call, first_point, first_turn_block, is_small_block};
 use catalog::tool_name;
@@ -115,20 +115,12 @@ pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<Vec<
         return None;
     }
     let tools = request.tools.get()?;
-    let (params, decided) = (Params::from_config(env.config), Decided::default());
-    let cx = StageCx {
-        config: env.config,
-        params: &params,
-        counter: env.counter,
-        memo: env.memo,
-        sticky_categories: env.sticky_categories,
-        original_messages: &request.messages,
-        decided: &decided,
-    };
-    let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
-    let plan = plan(&catalog, tools, request, &request.messages, &cx);
-    let block = Block::of(&plan, tools, &cx);
-    (!block.unchanged).then_some(block.kept)
+    StageCx::first_pass(env, &request.messages, |cx| {
+        let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
+        let plan = plan(&catalog, tools, request, &request.messages, cx);
+        let block = Block::of(&plan, tools, cx);
+        (!block.unchanged).then_some(block.kept)
+    })
 }
 
 fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
