@@ -113,6 +113,8 @@ struct Point {
 struct Whole {
     tokens: usize,
     names: Names,
+    /// The digest of the tools it sends, definitions and all (`block_digest`).
+    block: u64,
     reminder: bool,
     fits: bool,
 }
@@ -145,6 +147,8 @@ impl Names {
 #[derive(Debug, Clone, Copy)]
 struct Known {
     names: Names,
+    /// The digest of the block (`block_digest`), where the tools stage decides it.
+    block: Option<u64>,
     tool_tokens: usize,
     reminder: bool,
 }
@@ -373,8 +377,12 @@ impl Decide<'_> {
             && let Some(known) = self.known_at(k)
         {
             let same_block = self.names(known.names) == self.names(anchored.names);
+            // The request itself appends with the whole rewrite's tools where the stage
+            // promoted one in place (`run`): only the anchor's own block is sent without it.
+            let current = k + 1 == points.len();
+            let sent_as_anchored = !current || known.block.is_none_or(|b| b == anchored.block);
             let reminder_starts = known.reminder && !anchored.reminder;
-            if same_block && !reminder_starts {
+            if same_block && sent_as_anchored && !reminder_starts {
                 let floor = self.floor(points[k].len, known.tool_tokens);
                 let may_pay = appended >= floor.saturating_add(threshold);
                 let may_fit = budget_on && appended > env.budget && floor <= env.budget;
@@ -482,6 +490,7 @@ impl Decide<'_> {
             });
             return Some(Known {
                 names,
+                block: None,
                 tool_tokens,
                 reminder,
             });
@@ -498,9 +507,17 @@ impl Decide<'_> {
         let names: Vec<&str> = (tools.iter())
             .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
             .collect();
+        let names = Names::of(&names);
+        let tool_tokens = env.counter.tools(&tools);
+        let sent = if tools.is_empty() {
+            Nullable::Absent
+        } else {
+            Nullable::Value(tools)
+        };
         Some(Known {
-            names: Names::of(&names),
-            tool_tokens: env.counter.tools(&tools),
+            names,
+            block: Some(block_digest(&sent)),
+            tool_tokens,
             reminder,
         })
     }
@@ -620,6 +637,13 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
 
 /// Feeds everything of a tool block to `hasher`, as writing it out would: absent, `null` or
 /// each tool's every field (a schema by its content hash, computed once per block read).
+/// The digest of a block of tools, definitions and all.
+fn block_digest(tools: &Nullable<Vec<Tool>>) -> u64 {
+    let mut hasher = FixedState::with_seed(WHOLE_SEED).build_hasher();
+    hash_block(tools, &mut hasher);
+    hasher.finish()
+}
+
 fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
     // Every part that may be left out is preceded by what says whether it follows, so no two
     // blocks feed the same sequence.
@@ -706,6 +730,7 @@ fn summary(rewrite: &Rewrite) -> Whole {
     Whole {
         tokens: rewrite.report.tokens_after,
         names: Names::of(&rewrite.request.tool_names()),
+        block: block_digest(&rewrite.request.tools),
         reminder: rewrite
             .report
             .stages
