@@ -372,14 +372,24 @@ impl Decide<'_> {
         // The whole rewrite is never smaller than what no step cuts: when that floor leaves less
         // than the threshold to remove, and the budget cannot be met by rebuilding either, the
         // answer is known without making it, once its tools and reminder are known to be the
-        // anchor's.
+        // anchor's. Where what `whole_k` reads is memoized, the floor would only add work.
+        let current = k + 1 == points.len();
+        let memoized = if current {
+            env.memo
+                .peek_rewrite(points[k].digest ^ REWRITE_SEED)
+                .is_some()
+        } else {
+            env.memo
+                .peek::<Whole>(points[k].digest ^ WHOLE_SEED)
+                .is_some()
+        };
         if floor_on()
+            && !memoized
             && let Some(known) = self.known_at(k)
         {
             let same_block = self.names(known.names) == self.names(anchored.names);
             // The request itself appends with the whole rewrite's tools where the stage
             // promoted one in place (`run`): only the anchor's own block is sent without it.
-            let current = k + 1 == points.len();
             let sent_as_anchored = !current || known.block.is_none_or(|b| b == anchored.block);
             let reminder_starts = known.reminder && !anchored.reminder;
             if same_block && sent_as_anchored && !reminder_starts {
@@ -635,8 +645,6 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
     hasher.finish()
 }
 
-/// Feeds everything of a tool block to `hasher`, as writing it out would: absent, `null` or
-/// each tool's every field (a schema by its content hash, computed once per block read).
 /// The digest of a block of tools, definitions and all.
 fn block_digest(tools: &Nullable<Vec<Tool>>) -> u64 {
     let mut hasher = FixedState::with_seed(WHOLE_SEED).build_hasher();
@@ -644,6 +652,8 @@ fn block_digest(tools: &Nullable<Vec<Tool>>) -> u64 {
     hasher.finish()
 }
 
+/// Feeds everything of a tool block to `hasher`, as writing it out would: absent, `null` or
+/// each tool's every field (a schema by its content hash, computed once per block read).
 fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
     // Every part that may be left out is preceded by what says whether it follows, so no two
     // blocks feed the same sequence.
