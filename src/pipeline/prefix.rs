@@ -372,19 +372,9 @@ impl Decide<'_> {
         // The whole rewrite is never smaller than what no step cuts: when that floor leaves less
         // than the threshold to remove, and the budget cannot be met by rebuilding either, the
         // answer is known without making it, once its tools and reminder are known to be the
-        // anchor's. Where what `whole_k` reads is memoized, the floor would only add work.
+        // anchor's.
         let current = k + 1 == points.len();
-        let memoized = if current {
-            env.memo
-                .peek_rewrite(points[k].digest ^ REWRITE_SEED)
-                .is_some()
-        } else {
-            env.memo
-                .peek::<Whole>(points[k].digest ^ WHOLE_SEED)
-                .is_some()
-        };
         if floor_on()
-            && !memoized
             && let Some(known) = self.known_at(k)
         {
             let same_block = self.names(known.names) == self.names(anchored.names);
