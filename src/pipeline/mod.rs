@@ -404,7 +404,7 @@ fn run_stages_into<'a>(
 /// The request offers `ctxproxy_recall` when a result names a handle, and, so that the block
 /// stays the same bytes on every turn, whenever the conversation's tool block was decided.
 fn offers_recall(reports: &[StageReport], config: &PipelineConfig) -> bool {
-    if !(config.compact.enabled && config.compact.recall) {
+    if !recall::enabled(config) {
         return false;
     }
     reports.iter().any(|r| match &r.details {

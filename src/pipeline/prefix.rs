@@ -499,9 +499,8 @@ impl Decide<'_> {
         let mut sticky = Vec::new();
         let env = env_at(&truncated, self.points.len() == 1, env, &mut sticky);
         let mut tools = super::tools::block_decided(&truncated, &env)?;
-        let compact = &env.config.compact;
-        if compact.enabled && compact.recall && !tools.is_empty() && !recall::offered(client_tools)
-        {
+        // A decided block always offers the recall tool where it may (`run_stages_into`).
+        if recall::enabled(env.config) && recall::can_offer_beside(&tools, client_tools) {
             recall::offer_in(&mut tools);
         }
         let names: Vec<&str> = (tools.iter())

@@ -44,18 +44,29 @@ pub fn cut_note(handle: &str) -> String {
     format!("\n[shortened; recall {handle}]")
 }
 
+/// Whether the recall tool may be offered at all: compaction, which names what it recalls, and
+/// the recall are on.
+pub fn enabled(config: &PipelineConfig) -> bool {
+    config.compact.enabled && config.compact.recall
+}
+
 /// The request offers the recall tool: it sends tools, and none of the client's has its name.
 pub fn can_offer(request: &ChatRequest, client_tools: &[Tool]) -> bool {
-    request.tools.get().is_some_and(|t| !t.is_empty()) && !names_recall(client_tools)
+    can_offer_beside(request.tools.get().map_or(&[], Vec::as_slice), client_tools)
+}
+
+/// The recall tool may join the tools `sent`: there are some, and none of the client's has its
+/// name.
+pub fn can_offer_beside(sent: &[Tool], client_tools: &[Tool]) -> bool {
+    !sent.is_empty() && !names_recall(client_tools)
 }
 
 /// The tokens the recall tool takes when `request` (the client's) may be offered it: what the
 /// budget allows beside the client's context.
 pub fn allowance(request: &ChatRequest, config: &PipelineConfig, counter: &TokenCounter) -> usize {
     let client_tools = request.tools.get().map_or(&[][..], Vec::as_slice);
-    let enabled = config.compact.enabled && config.compact.recall;
     match TOOL.as_ref() {
-        Some(tool) if enabled && can_offer(request, client_tools) => {
+        Some(tool) if enabled(config) && can_offer(request, client_tools) => {
             counter.tools(std::slice::from_ref(tool))
         }
         _ => 0,
