@@ -150,6 +150,8 @@ struct Known {
     /// The digest of the block (`block_digest`), where the tools stage decides it.
     block: Option<u64>,
     tool_tokens: usize,
+    /// Tokens of the definitions the tools stage places in the messages.
+    placed_tokens: usize,
     reminder: bool,
 }
 
@@ -185,16 +187,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     }
     let current = points.len() - 1;
     let memo = env.memo;
-    let cx = Decide {
-        request,
-        points: &points,
-        env,
-        settings,
-        tools_fixed: sends_block_whole(request, env.config, env.counter),
-        appended: vec![std::cell::OnceCell::new(); request.messages.len()],
-        client_block: std::cell::OnceCell::new(),
-        made: std::cell::RefCell::new(Vec::new()),
-    };
+    let cx = Decide::new(request, &points, env, settings);
 
     // Resume from the latest earlier point whose state is known: memoized here, or remembered.
     let mut anchor: Option<usize> = None;
@@ -357,7 +350,25 @@ fn floor_on() -> bool {
 /// sections joined to its text can merge a token or two at the seam).
 const FLOOR_SLACK: usize = 16;
 
-impl Decide<'_> {
+impl<'a> Decide<'a> {
+    fn new(
+        request: &'a ChatRequest,
+        points: &'a [Point],
+        env: &'a Env<'a>,
+        settings: u64,
+    ) -> Decide<'a> {
+        Decide {
+            request,
+            points,
+            env,
+            settings,
+            tools_fixed: sends_block_whole(request, env.config, env.counter),
+            appended: vec![std::cell::OnceCell::new(); request.messages.len()],
+            client_block: std::cell::OnceCell::new(),
+            made: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
     /// Whether the point `k` rebuilds its rewrite whole instead of appending to the anchor
     /// `a`'s; `whole_k` makes the whole rewrite's summary, only when the floor leaves it open.
     fn rebuild(&self, a: usize, k: usize, whole_k: &dyn Fn() -> Whole) -> Option<Rebuilt> {
@@ -383,7 +394,7 @@ impl Decide<'_> {
             let sent_as_anchored = !current || known.block.is_none_or(|b| b == anchored.block);
             let reminder_starts = known.reminder && !anchored.reminder;
             if same_block && sent_as_anchored && !reminder_starts {
-                let floor = self.floor(points[k].len, known.tool_tokens);
+                let floor = self.floor(points[k].len, &known);
                 let may_pay = appended >= floor.saturating_add(threshold);
                 let may_fit = budget_on && appended > env.budget && floor <= env.budget;
                 if !may_pay && !may_fit {
@@ -492,13 +503,15 @@ impl Decide<'_> {
                 names,
                 block: None,
                 tool_tokens,
+                placed_tokens: 0,
                 reminder,
             });
         }
         let truncated = request_at(self.request, self.points[k]);
         let mut sticky = Vec::new();
         let env = env_at(&truncated, self.points.len() == 1, env, &mut sticky);
-        let mut tools = super::tools::block_decided(&truncated, &env)?;
+        let decided = super::tools::block_decided(&truncated, &env)?;
+        let mut tools = decided.tools;
         // A decided block always offers the recall tool where it may (`run_stages_into`).
         if recall::enabled(env.config) && recall::can_offer_beside(&tools, client_tools) {
             recall::offer_in(&mut tools);
@@ -517,14 +530,17 @@ impl Decide<'_> {
             names,
             block: Some(block_digest(&sent)),
             tool_tokens,
+            placed_tokens: decided.placed.iter().map(|m| env.counter.message(m)).sum(),
             reminder,
         })
     }
 
-    /// A lower bound of the whole rewrite of the first `len` messages: its tools
-    /// (`tool_tokens`), the first system message (verbatim) and the working set (in the form a
-    /// whole rewrite keeps it, which is the appended form), less `FLOOR_SLACK`.
-    fn floor(&self, len: usize, tool_tokens: usize) -> usize {
+    /// A lower bound of the whole rewrite of the first `len` messages, whichever budget step
+    /// it ends at: its tools and the definitions placed beside them (`known`), the first system
+    /// message (verbatim), the working set (in the form a whole rewrite keeps it, which is the
+    /// appended form) and the assistant messages of the last turn (every window keeps that
+    /// turn, and only tool results are compacted), less `FLOOR_SLACK`.
+    fn floor(&self, len: usize, known: &Known) -> usize {
         let env = self.env;
         let messages = &self.request.messages[..len];
         let system = messages
@@ -532,15 +548,18 @@ impl Decide<'_> {
             .find(|m| matches!(m.role, Role::System | Role::Developer))
             .map_or(0, |m| env.counter.message(m));
         let working_set = WorkingSet::of(messages, env.config.window.recent_tool_steps);
+        let last_turn = working_set.last_user.unwrap_or(len);
         let kept: usize = messages
             .iter()
             .enumerate()
-            .filter(|(i, m)| {
-                working_set.contains(*i) && !matches!(m.role, Role::System | Role::Developer)
+            .filter(|(i, m)| match m.role {
+                Role::System | Role::Developer => false,
+                Role::Assistant if *i > last_turn => true,
+                _ => working_set.contains(*i),
             })
             .map(|(i, _)| self.appended_at(i))
             .sum();
-        (tool_tokens + system + kept).saturating_sub(FLOOR_SLACK)
+        (known.tool_tokens + known.placed_tokens + system + kept).saturating_sub(FLOOR_SLACK)
     }
 }
 
@@ -1174,6 +1193,56 @@ mod tests {
             // The floor decided without the whole rewrite somewhere.
             assert!(left_out > 0 || index > 1);
         }
+    }
+
+    #[test]
+    fn the_floor_is_below_every_whole_rewrite() {
+        // Every point of two conversations, each config of the test above, budgets from tight
+        // to none: the floor never exceeds the whole rewrite's tokens, whichever step it ends at.
+        let mut decided = PipelineConfig::default();
+        decided.tools.min_tool_tokens = 0;
+        decided.tools.min_stub_tokens = 0;
+        let mut in_result = decided.clone();
+        in_result.tools.definitions = crate::pipeline::config::Definitions::InResult;
+        let chat = synthetic::conversation(30).unwrap();
+        let agent = synthetic::autonomous_agent(30).unwrap();
+        let (mut placed, mut loop_steps, mut points_read) = (0, 0, 0);
+        for config in [&PipelineConfig::default(), &decided, &in_result] {
+            for budget in [1_000, 2_000, 4_000, 1_000_000] {
+                for request in [&chat, &agent] {
+                    let (counter, memo) = (TokenCounter::new(Encoding::O200kBase), Memo::default());
+                    let env = Env {
+                        budget,
+                        ..env(config, &counter, &memo, None)
+                    };
+                    let settings = settings(request, &env);
+                    let points = points(&request.messages, settings);
+                    let cx = Decide::new(request, &points, &env, settings);
+                    for (k, point) in points.iter().enumerate() {
+                        let Some(known) = cx.known_at(k) else {
+                            continue;
+                        };
+                        let floor = cx.floor(point.len, &known);
+                        let whole = cx.whole_at(k);
+                        assert!(
+                            floor <= whole.tokens,
+                            "point {k}, budget {budget}: floor {floor} over {}",
+                            whole.tokens
+                        );
+                        let messages = &request.messages[..point.len];
+                        let working_set = WorkingSet::of(messages, config.window.recent_tool_steps);
+                        let last_user = working_set.last_user.unwrap_or(point.len);
+                        loop_steps += usize::from((last_user..point.len).any(|i| {
+                            messages[i].role == Role::Assistant && !working_set.contains(i)
+                        }));
+                        placed += usize::from(known.placed_tokens > 0);
+                        points_read += 1;
+                    }
+                }
+            }
+        }
+        // The fixtures reach the parts of the floor a whole rewrite may not cut.
+        assert!(placed > 0 && loop_steps > 0 && points_read > 100);
     }
 
     #[test]

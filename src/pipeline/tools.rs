@@ -106,11 +106,19 @@ impl Stage for ToolsStage {
     }
 }
 
-/// The tools a whole rewrite of `request` sends when this stage decides its block (before the
-/// recall tool joins it); `None` when it sends the client's block as it is. What `apply` does
-/// to the tools, without running the stages before it: the block depends on the client's
-/// messages only.
-pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<Vec<Tool>> {
+/// What a whole rewrite sends of its tools where this stage decides the block.
+pub struct BlockDecided {
+    /// The tools sent (before the recall tool joins them).
+    pub tools: Vec<Tool>,
+    /// The definitions placed in the messages: every pass of the rewrite sends them all, and
+    /// no later stage cuts them.
+    pub placed: Vec<Message>,
+}
+
+/// What a whole rewrite of `request` sends of its tools when this stage decides its block;
+/// `None` when it sends the client's block as it is. What `apply` does, without running the
+/// stages before it: the block depends on the client's messages only.
+pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<BlockDecided> {
     if sends_block_whole(request, env.config, env.counter) {
         return None;
     }
@@ -119,7 +127,10 @@ pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<Vec<
         let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
         let plan = plan(&catalog, tools, request, &request.messages, cx);
         let block = Block::of(&plan, tools, cx);
-        (!block.unchanged).then_some(block.kept)
+        (!block.unchanged).then(|| BlockDecided {
+            tools: block.kept,
+            placed: block.placed.into_iter().map(|(_, m)| m).collect(),
+        })
     })
 }
 
