@@ -1197,22 +1197,45 @@ mod tests {
 
     #[test]
     fn the_floor_is_below_every_whole_rewrite() {
-        // Every point of two conversations, each config of the test above, budgets from tight
-        // to none: the floor never exceeds the whole rewrite's tokens, whichever step it ends at.
+        // Every point of two conversations, the configs of the test above, budgets from tight
+        // to none and a reminder: the floor never exceeds the whole rewrite's tokens, whichever
+        // step it ends at.
+        let reminder = ReinforcementConfig {
+            enabled: true,
+            after_messages: 30,
+            text: "Follow the policy.".into(),
+        };
         let mut decided = PipelineConfig::default();
         decided.tools.min_tool_tokens = 0;
         decided.tools.min_stub_tokens = 0;
-        let mut in_result = decided.clone();
-        in_result.tools.definitions = crate::pipeline::config::Definitions::InResult;
+        let mut configs = vec![PipelineConfig::default(), decided.clone()];
+        for change in [
+            (|c: &mut PipelineConfig| c.compact.recall = false) as fn(&mut PipelineConfig),
+            |c| c.tools.left_out = crate::pipeline::config::LeftOut::Remove,
+            |c| c.tools.definitions = crate::pipeline::config::Definitions::InBlock,
+            |c| c.tools.definitions = crate::pipeline::config::Definitions::InResult,
+        ] {
+            let mut variant = decided.clone();
+            change(&mut variant);
+            configs.push(variant);
+        }
+        let budgets = [
+            (1_000, None),
+            (2_000, None),
+            (4_000, None),
+            (1_000_000, None),
+            (1_000_000, Some(&reminder)),
+        ];
         let chat = synthetic::conversation(30).unwrap();
         let agent = synthetic::autonomous_agent(30).unwrap();
         let (mut placed, mut loop_steps, mut points_read) = (0, 0, 0);
-        for config in [&PipelineConfig::default(), &decided, &in_result] {
-            for budget in [1_000, 2_000, 4_000, 1_000_000] {
+        for config in &configs {
+            for (budget, reinforcement) in budgets {
                 for request in [&chat, &agent] {
                     let (counter, memo) = (TokenCounter::new(Encoding::O200kBase), Memo::default());
                     let env = Env {
                         budget,
+                        reinforcement,
                         ..env(config, &counter, &memo, None)
                     };
                     let settings = settings(request, &env);
