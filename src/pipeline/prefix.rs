@@ -1125,23 +1125,25 @@ mod tests {
         assert_eq!(ignored.request, last);
     }
 
-    #[test]
-    fn the_floor_never_changes_a_decision() {
-        let reminder = ReinforcementConfig {
+    /// A reminder that starts within the fixtures of the floor's tests.
+    fn floor_reminder() -> ReinforcementConfig {
+        ReinforcementConfig {
             enabled: true,
             after_messages: 30,
             text: "Follow the policy.".into(),
-        };
-        // Small blocks are sent as they are, and the recall tool joins them; with no block or
-        // definition small, the tools stage decides a block of stubs and the tools the
-        // conversation's first turn needs.
-        let sent_whole = PipelineConfig::default();
+        }
+    }
+
+    /// The configs the floor's tests run. Small blocks are sent as they are, and the recall tool
+    /// joins them; with no block or definition small, the tools stage decides a block of stubs
+    /// and the tools the conversation's first turn needs; then the same with what else decides
+    /// the block sent: the recall tool off, left-out tools removed, definitions grown in the
+    /// block or given as a call's result.
+    fn floor_configs() -> Vec<PipelineConfig> {
         let mut decided = PipelineConfig::default();
         decided.tools.min_tool_tokens = 0;
         decided.tools.min_stub_tokens = 0;
-        // The same with what else decides the block sent: the recall tool off, left-out tools
-        // removed, definitions grown in the block or given as a call's result.
-        let mut variants = Vec::new();
+        let mut configs = vec![PipelineConfig::default(), decided.clone()];
         for change in [
             (|c: &mut PipelineConfig| c.compact.recall = false) as fn(&mut PipelineConfig),
             |c| c.tools.left_out = crate::pipeline::config::LeftOut::Remove,
@@ -1150,8 +1152,14 @@ mod tests {
         ] {
             let mut variant = decided.clone();
             change(&mut variant);
-            variants.push(variant);
+            configs.push(variant);
         }
+        configs
+    }
+
+    #[test]
+    fn the_floor_never_changes_a_decision() {
+        let reminder = floor_reminder();
         let chat = requests(40);
         let agent = requests_of(&synthetic::autonomous_agent(30).unwrap());
         let budgets = [
@@ -1160,11 +1168,7 @@ mod tests {
             (1_000_000, None),
             (1_000_000, Some(&reminder)),
         ];
-        for (index, config) in [&sent_whole, &decided]
-            .into_iter()
-            .chain(&variants)
-            .enumerate()
-        {
+        for (index, config) in floor_configs().iter().enumerate() {
             let mut left_out = 0;
             for (requests, (budget, reinforcement)) in [&chat, &agent]
                 .into_iter()
@@ -1200,25 +1204,7 @@ mod tests {
         // Every point of two conversations, the configs of the test above, budgets from tight
         // to none and a reminder: the floor never exceeds the whole rewrite's tokens, whichever
         // step it ends at.
-        let reminder = ReinforcementConfig {
-            enabled: true,
-            after_messages: 30,
-            text: "Follow the policy.".into(),
-        };
-        let mut decided = PipelineConfig::default();
-        decided.tools.min_tool_tokens = 0;
-        decided.tools.min_stub_tokens = 0;
-        let mut configs = vec![PipelineConfig::default(), decided.clone()];
-        for change in [
-            (|c: &mut PipelineConfig| c.compact.recall = false) as fn(&mut PipelineConfig),
-            |c| c.tools.left_out = crate::pipeline::config::LeftOut::Remove,
-            |c| c.tools.definitions = crate::pipeline::config::Definitions::InBlock,
-            |c| c.tools.definitions = crate::pipeline::config::Definitions::InResult,
-        ] {
-            let mut variant = decided.clone();
-            change(&mut variant);
-            configs.push(variant);
-        }
+        let reminder = floor_reminder();
         let budgets = [
             (1_000, None),
             (2_000, None),
@@ -1229,7 +1215,7 @@ mod tests {
         let chat = synthetic::conversation(30).unwrap();
         let agent = synthetic::autonomous_agent(30).unwrap();
         let (mut placed, mut loop_steps, mut points_read) = (0, 0, 0);
-        for config in &configs {
+        for config in &floor_configs() {
             for (budget, reinforcement) in budgets {
                 for request in [&chat, &agent] {
                     let (counter, memo) = (TokenCounter::new(Encoding::O200kBase), Memo::default());
