@@ -99,7 +99,7 @@ impl Encoding {
         PIECE_COUNTS.with_borrow_mut(|cache| {
             let cache = &mut cache.0[self as usize];
             if cache.len() >= PIECE_CACHE_CAPACITY {
-                PIECE_CACHE_BYTES.fetch_sub(piece_cache_bytes(cache), Ordering::Relaxed);
+                PIECE_CACHE_BYTES.fetch_sub(cache.bytes(), Ordering::Relaxed);
                 *cache = PieceCache::default();
             }
             let mut total = 0;
@@ -108,13 +108,8 @@ impl Encoding {
                     1 // every byte is a token
                 } else if piece.len() > PIECE_CACHE_MAX_BYTES {
                     vocabulary.count(piece.as_bytes())
-                } else if let Some(&count) = cache.get(piece) {
-                    count as usize
                 } else {
-                    let count = vocabulary.count(piece.as_bytes());
-                    cache.insert(piece.into(), count as u32);
-                    PIECE_CACHE_BYTES.fetch_add(PIECE_ENTRY_BYTES + piece.len(), Ordering::Relaxed);
-                    count
+                    cache.count(piece, || vocabulary.count(piece.as_bytes()) as u32)
                 };
             });
             total
@@ -135,14 +130,8 @@ fn reference(encoding: Encoding) -> &'static bpe_openai::Tokenizer {
 const PIECE_CACHE_MAX_BYTES: usize = 24;
 /// Entries per thread and encoding before the piece cache is cleared (~3 MB).
 const PIECE_CACHE_CAPACITY: usize = 50_000;
-/// What a piece's entry costs beside its text: the boxed key, the count and the table's slot.
-const PIECE_ENTRY_BYTES: usize = std::mem::size_of::<(Box<str>, u32)>() + 16;
 /// Bytes held by the piece caches of every thread.
 static PIECE_CACHE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-fn piece_cache_bytes(cache: &PieceCache) -> usize {
-    cache.keys().map(|k| PIECE_ENTRY_BYTES + k.len()).sum()
-}
 
 /// Bytes held by the piece caches of every thread (bounded: `PIECE_CACHE_CAPACITY` pieces per
 /// thread and encoding, each at most `PIECE_CACHE_MAX_BYTES` long).
@@ -150,7 +139,85 @@ pub fn piece_cache_bytes_total() -> usize {
     PIECE_CACHE_BYTES.load(Ordering::Relaxed)
 }
 
-type PieceCache = HashMap<Box<str>, u32, foldhash::fast::RandomState>;
+/// Token counts of pieces, one encoding's. A piece of at most `PACKED_MAX_BYTES` (most pieces:
+/// words, numbers, JSON punctuation) is keyed by its bytes read as two numbers (`packed`), which
+/// hash and compare without reading the text again; a longer one by its text.
+#[derive(Default)]
+struct PieceCache {
+    packed: HashMap<(u64, u64), u32, foldhash::fast::RandomState>,
+    long: HashMap<Box<str>, u32, foldhash::fast::RandomState>,
+}
+
+/// The longest piece kept packed: its bytes and its length fill two `u64`s.
+const PACKED_MAX_BYTES: usize = 15;
+/// What an entry costs: its slot in the table (key and count), and a long piece's boxed text.
+const PACKED_ENTRY_BYTES: usize = std::mem::size_of::<((u64, u64), u32)>() + 16;
+const LONG_ENTRY_BYTES: usize = std::mem::size_of::<(Box<str>, u32)>() + 16;
+
+impl PieceCache {
+    fn len(&self) -> usize {
+        self.packed.len() + self.long.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.packed.len() * PACKED_ENTRY_BYTES
+            + (self.long.keys())
+                .map(|k| LONG_ENTRY_BYTES + k.len())
+                .sum::<usize>()
+    }
+
+    /// The count of `piece`, from `count` the first time.
+    fn count(&mut self, piece: &str, count: impl FnOnce() -> u32) -> usize {
+        if let Some(key) = packed(piece.as_bytes()) {
+            if let Some(&count) = self.packed.get(&key) {
+                return count as usize;
+            }
+            let count = count();
+            self.packed.insert(key, count);
+            PIECE_CACHE_BYTES.fetch_add(PACKED_ENTRY_BYTES, Ordering::Relaxed);
+            return count as usize;
+        }
+        if let Some(&count) = self.long.get(piece) {
+            return count as usize;
+        }
+        let count = count();
+        self.long.insert(piece.into(), count);
+        PIECE_CACHE_BYTES.fetch_add(LONG_ENTRY_BYTES + piece.len(), Ordering::Relaxed);
+        count as usize
+    }
+}
+
+/// A piece of at most `PACKED_MAX_BYTES` as two numbers, read with a few loads that may
+/// overlap: its first bytes, then what is left of it and, in the last byte, its length. For a
+/// given length the loads cover every byte, so no two pieces share a key.
+fn packed(piece: &[u8]) -> Option<(u64, u64)> {
+    let n = piece.len();
+    let u32_at = |at: usize| {
+        u64::from(u32::from_le_bytes([
+            piece[at],
+            piece[at + 1],
+            piece[at + 2],
+            piece[at + 3],
+        ]))
+    };
+    let u64_at = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&piece[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let first = match n {
+        0 => 0,
+        1..=3 => {
+            u64::from(piece[0]) | u64::from(piece[n / 2]) << 8 | u64::from(piece[n - 1]) << 16
+        }
+        4..=8 => u32_at(0) | u32_at(n - 4) << 32,
+        9..=PACKED_MAX_BYTES => u64_at(0),
+        _ => return None,
+    };
+    // Bytes 8 to `n` (none when `n <= 8`), at the bottom of the last eight.
+    let rest = if n > 8 { u64_at(n - 8) >> (8 * (16 - n)) } else { 0 };
+    Some((first, rest | (n as u64) << 56))
+}
 
 /// One thread's piece caches, one per encoding; their bytes leave the total with the thread.
 #[derive(Default)]
@@ -158,7 +225,7 @@ struct PieceCaches([PieceCache; 2]);
 
 impl Drop for PieceCaches {
     fn drop(&mut self) {
-        let bytes = self.0.iter().map(piece_cache_bytes).sum();
+        let bytes = self.0.iter().map(PieceCache::bytes).sum();
         PIECE_CACHE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
@@ -598,6 +665,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn no_two_pieces_pack_alike() {
+        let mut seen = std::collections::HashMap::new();
+        let bytes = [b'a', b'b', 0, 0xff];
+        // Every piece of up to 9 bytes over four bytes (a zero among them), and longer ones
+        // that differ in one byte or in length only.
+        let mut pieces: Vec<Vec<u8>> = vec![Vec::new()];
+        for length in 1..=9 {
+            let mut next = Vec::new();
+            for piece in pieces.iter().filter(|p| p.len() == length - 1) {
+                for b in bytes {
+                    let mut longer = piece.clone();
+                    longer.push(b);
+                    next.push(longer);
+                }
+            }
+            pieces.extend(next);
+        }
+        for length in 10..=PACKED_MAX_BYTES {
+            for at in 0..length {
+                for b in bytes {
+                    let mut piece = vec![b'a'; length];
+                    piece[at] = b;
+                    pieces.push(piece);
+                }
+            }
+        }
+        pieces.sort();
+        pieces.dedup();
+        for piece in &pieces {
+            let key = packed(piece).unwrap();
+            assert_eq!(seen.insert(key, piece.clone()), None, "{piece:?}");
+        }
+        assert_eq!(packed(&[b'x'; PACKED_MAX_BYTES + 1]), None);
     }
 
     #[test]

@@ -20,43 +20,81 @@ const MAX_IDENTIFIER_WORDS: usize = 5;
 /// Whether a scalar value (a JSON string or number, as text) is an identifier.
 pub fn is_identifier_value(value: &str) -> bool {
     let value = value.trim();
-    let chars = if value.is_ascii() {
-        value.len()
-    } else {
-        value.chars().count()
-    };
-    if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
+    // A character is at most four bytes: a longer value has too many characters to be one.
+    if value.len() > 4 * MAX_IDENTIFIER_CHARS {
         return false;
     }
-    // What the rules read, in one pass.
-    let (mut words, mut digits, mut letters) = (0, 0, 0);
-    let (mut at, mut space, mut in_word) = (false, false, false);
-    for c in value.chars() {
-        if c.is_whitespace() {
-            space = true;
-            in_word = false;
-        } else if !in_word {
-            words += 1;
-            in_word = true;
-        }
-        digits += usize::from(c.is_ascii_digit());
-        letters += usize::from(c.is_alphabetic());
-        at |= c == '@';
-    }
-    if words > MAX_IDENTIFIER_WORDS {
+    let tally = Tally::of(value);
+    if tally.chars == 0 || tally.chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
         return false;
     }
-    if at && !space {
+    if tally.words > MAX_IDENTIFIER_WORDS {
+        return false;
+    }
+    if tally.at && !tally.space {
         return true;
     }
-    if digits > 0 {
+    if tally.digits > 0 {
         // Codes and dates mix letters and digits; amounts, zips and times are digits.
-        return (letters > 0 && chars >= 3) || digits >= 2 || value.contains('.');
+        return (tally.letters > 0 && tally.chars >= 3) || tally.digits >= 2 || value.contains('.');
     }
-    if value.starts_with('#') && chars >= 3 {
+    if value.starts_with('#') && tally.chars >= 3 {
         return true;
     }
     text::is_code_name(value) || is_name(value)
+}
+
+/// What the identifier rules read of a value, in one pass: bytes where it is ASCII (most values
+/// are), characters where not.
+#[derive(Default)]
+struct Tally {
+    chars: usize,
+    words: usize,
+    digits: usize,
+    letters: usize,
+    at: bool,
+    space: bool,
+}
+
+impl Tally {
+    fn of(value: &str) -> Tally {
+        let mut tally = Tally::default();
+        let mut in_word = false;
+        let mut add = |white: bool, digit: bool, letter: bool, at: bool| {
+            if white {
+                tally.space = true;
+                in_word = false;
+            } else if !in_word {
+                tally.words += 1;
+                in_word = true;
+            }
+            tally.digits += usize::from(digit);
+            tally.letters += usize::from(letter);
+            tally.at |= at;
+        };
+        let ascii = value.is_ascii();
+        if ascii {
+            for &b in value.as_bytes() {
+                // `char::is_whitespace` on ASCII: tab to carriage return (vertical tab too), space.
+                add(
+                    matches!(b, b'\t'..=b'\r' | b' '),
+                    b.is_ascii_digit(),
+                    b.is_ascii_alphabetic(),
+                    b == b'@',
+                );
+            }
+        } else {
+            for c in value.chars() {
+                add(c.is_whitespace(), c.is_ascii_digit(), c.is_alphabetic(), c == '@');
+            }
+        }
+        tally.chars = if ascii {
+            value.len()
+        } else {
+            value.chars().count()
+        };
+        tally
+    }
 }
 
 /// A proper name: one to four capitalized words ("Action Camera", "Daiki", "USA").
@@ -377,7 +415,7 @@ mod tests {
         /// letters and digits that are not ASCII.
         #[test]
         fn one_pass_agrees_with_each_rule(
-            value in "[aZqR0-9@#_:/.' \téÜ\u{a0}\u{2028}\u{663}-]{0,90}",
+            value in "[aZqR0-9@#_:/.' \t\u{b}\u{c}\r\n\u{85}éÜ\u{a0}\u{2028}\u{663}-]{0,90}",
         ) {
             proptest::prop_assert_eq!(
                 is_identifier_value(&value),

@@ -170,6 +170,21 @@ fn piece_boundaries_at_spaces(text: &str) -> impl Iterator<Item = usize> + '_ {
 fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
     let o200k = encoding == Encoding::O200kBase;
     let first = text[at];
+    // Most pieces start with a letter or a digit: no leading character, no contraction before.
+    if first.is_ascii_alphabetic() {
+        return if o200k {
+            let lower = run(text, run(text, at, |c| c.is_ascii_uppercase()), |c| {
+                c.is_ascii_lowercase()
+            });
+            lower + contraction_len(text, lower)
+        } else {
+            run(text, at, |c| c.is_ascii_alphabetic())
+        };
+    }
+    if first.is_ascii_digit() {
+        // One to three digits: a longer number is read three at a time.
+        return run(&text[..text.len().min(at + 3)], at, |c| c.is_ascii_digit());
+    }
     if !o200k {
         let contraction = contraction_len(text, at);
         if contraction > 0 {
