@@ -119,11 +119,18 @@ fn cut_at<'t>(
 }
 
 fn ascii_pieces(encoding: Encoding, text: &str, each: &mut impl FnMut(&str)) {
-    let mut last = 0;
-    while last < text.len() {
-        let end = ascii_piece_end(encoding, text.as_bytes(), last);
-        each(&text[last..end]);
-        last = end;
+    // One loop per encoding, each with its patterns' choices made at compile time.
+    fn pieces<const O200K_BASE: bool>(text: &str, each: &mut impl FnMut(&str)) {
+        let mut last = 0;
+        while last < text.len() {
+            let end = ascii_piece_end::<O200K_BASE>(text.as_bytes(), last);
+            each(&text[last..end]);
+            last = end;
+        }
+    }
+    match encoding {
+        Encoding::O200kBase => pieces::<true>(text, each),
+        Encoding::Cl100kBase => pieces::<false>(text, each),
     }
 }
 
@@ -167,12 +174,13 @@ fn piece_boundaries_at_spaces(text: &str) -> impl Iterator<Item = usize> + '_ {
 /// line break; white space to the end; white space but its last character; white space.
 /// cl100k_base: a contraction; an optional non-letter, non-digit character other than a line
 /// break, then letters; then the same as o200k_base (line breaks only after symbols).
-fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
-    let o200k = encoding == Encoding::O200kBase;
+#[inline(always)]
+fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
+
     let first = text[at];
     // Most pieces start with a letter or a digit: no leading character, no contraction before.
     if first.is_ascii_alphabetic() {
-        return if o200k {
+        return if O200K_BASE {
             let lower = run(text, run(text, at, |c| c.is_ascii_uppercase()), |c| {
                 c.is_ascii_lowercase()
             });
@@ -185,7 +193,7 @@ fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
         // One to three digits: a longer number is read three at a time.
         return run(&text[..text.len().min(at + 3)], at, |c| c.is_ascii_digit());
     }
-    if !o200k {
+    if !O200K_BASE {
         let contraction = contraction_len(text, at);
         if contraction > 0 {
             return at + contraction;
@@ -194,7 +202,7 @@ fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
     // The optional leading character: a backtracking search takes it whenever it can, and
     // without it the letters cannot start (it is not a letter).
     let start = if is_lead(first) { at + 1 } else { at };
-    if o200k {
+    if O200K_BASE {
         let upper = run(text, start, |c| c.is_ascii_uppercase());
         let lower = run(text, upper, |c| c.is_ascii_lowercase());
         if lower > upper || upper > start {
@@ -217,7 +225,7 @@ fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
     if is_symbol(text[symbols]) {
         let end = run(text, symbols, is_symbol);
         return run(text, end, |c| {
-            c == b'\r' || c == b'\n' || (o200k && c == b'/')
+            c == b'\r' || c == b'\n' || (O200K_BASE && c == b'/')
         });
     }
     // White space (`first` is: every other character matched above).
@@ -232,6 +240,7 @@ fn ascii_piece_end(encoding: Encoding, text: &[u8], at: usize) -> usize {
 }
 
 /// Where the run of characters of `class` starting at `from` ends.
+#[inline(always)]
 fn run(text: &[u8], from: usize, class: impl Fn(u8) -> bool) -> usize {
     text[from..]
         .iter()
