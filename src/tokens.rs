@@ -348,8 +348,13 @@ impl TokenCounter {
 
     /// The tokens of a whole request: messages, reply priming and tool definitions.
     pub fn request(&self, request: &ChatRequest) -> usize {
-        self.messages(&request.messages)
-            + self.tools(request.tools.get().map_or(&[], Vec::as_slice))
+        let messages = request.messages.iter().map(|m| self.message(m)).sum();
+        self.request_of(messages, request.tools.get().map_or(&[], Vec::as_slice))
+    }
+
+    /// `request` of a request whose messages' tokens (`message`, each) sum to `message_tokens`.
+    pub fn request_of(&self, message_tokens: usize, tools: &[Tool]) -> usize {
+        message_tokens + REPLY_PRIMING + self.tools(tools)
     }
 
     pub fn messages(&self, messages: &[Message]) -> usize {

@@ -137,6 +137,11 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
 
 /// Runs every enabled stage, then holds the result to `env.budget` tokens.
 fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
+    whole_counted(request, env, env.counter.request(request))
+}
+
+/// `whole`, for a request of `tokens_before` tokens (`TokenCounter::request`).
+fn whole_counted(request: &ChatRequest, env: &Env<'_>, tokens_before: usize) -> Rewrite {
     let (config, counter) = (env.config, env.counter);
     let reminder = env
         .reinforcement
@@ -145,7 +150,6 @@ fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     let reserve = reminder.map_or(0, |text| counter.text(text) + 2);
     let budget = env.budget.saturating_sub(reserve);
     let params = Params::from_config(config);
-    let tokens_before = counter.request(request);
     let decided = Decided::default();
     let (rewritten, mut stages, mut tokens_after) =
         run_stages(request, tokens_before, env, &params, &decided);

@@ -243,10 +243,7 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
     };
     cx.keep_made(anchor);
     memo.value(points[current].digest ^ STATE_SEED, || anchor);
-    let previous_tokens = current.checked_sub(1).map(|k| {
-        let tools = request.tools.get().map_or(&[][..], Vec::as_slice);
-        env.counter.messages(&request.messages[..points[k].len]) + env.counter.tools(tools)
-    });
+    let previous_tokens = current.checked_sub(1).map(|k| cx.tokens_at(points[k].len));
     let mut rewrite = if anchor == current {
         let mut rewrite = Rewrite::clone(whole_now());
         let summary = summary(&rewrite);
@@ -325,6 +322,10 @@ struct Decide<'a> {
     appended: Vec<std::cell::OnceCell<usize>>,
     /// The names and tokens of the client's tools, once read.
     client_block: std::cell::OnceCell<(Names, usize)>,
+    /// The tokens of the client's first messages, by how many (`sums[i]`: the first `i`), as
+    /// far as a point needed them: every point's whole rewrite starts from the tokens of its
+    /// messages, and each message is looked up once per request.
+    sums: std::cell::RefCell<Vec<usize>>,
     /// Whole rewrites this request made for earlier points, each with its point, while that
     /// point may still be the anchor (`Decide::whole_at`).
     made: std::cell::RefCell<Vec<(usize, Rewrite)>>,
@@ -365,6 +366,7 @@ impl<'a> Decide<'a> {
             tools_fixed: sends_block_whole(request, env.config, env.counter),
             appended: vec![std::cell::OnceCell::new(); request.messages.len()],
             client_block: std::cell::OnceCell::new(),
+            sums: std::cell::RefCell::new(vec![0]),
             made: std::cell::RefCell::new(Vec::new()),
         }
     }
@@ -422,7 +424,7 @@ impl<'a> Decide<'a> {
     /// the point that becomes the anchor is the one the request then appends to, and it is not
     /// made twice.
     fn whole_at(&self, k: usize) -> Whole {
-        let (request, points, env) = (self.request, self.points, self.env);
+        let (points, env) = (self.points, self.env);
         *env.memo.value(points[k].digest ^ WHOLE_SEED, || {
             let known = env.memo.peek_rewrite(points[k].digest ^ REWRITE_SEED);
             // Made already by this request, its summary evicted since: read again, not made.
@@ -433,7 +435,7 @@ impl<'a> Decide<'a> {
                 (Some(rewrite), _) => summary(&rewrite),
                 (None, Some(whole)) => whole,
                 (None, None) => {
-                    let rewrite = whole_of(request, points, k, env);
+                    let rewrite = self.whole_of(k);
                     let whole = summary(&rewrite);
                     self.made.borrow_mut().push((k, rewrite));
                     whole
@@ -449,7 +451,7 @@ impl<'a> Decide<'a> {
 
     /// The whole rewrite at point `k`, memoized: the one `whole_at` made, when it did.
     fn rewrite_at(&self, k: usize) -> Arc<Rewrite> {
-        let (request, points, env) = (self.request, self.points, self.env);
+        let (points, env) = (self.points, self.env);
         let made = {
             let mut made = self.made.borrow_mut();
             made.iter()
@@ -457,8 +459,31 @@ impl<'a> Decide<'a> {
                 .map(|at| made.swap_remove(at).1)
         };
         env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
-            made.unwrap_or_else(|| whole_of(request, points, k, env))
+            made.unwrap_or_else(|| self.whole_of(k))
         })
+    }
+
+    /// The whole rewrite of the request as it was at point `k`.
+    fn whole_of(&self, k: usize) -> Rewrite {
+        let (request, points, env) = (self.request, self.points, self.env);
+        let truncated = request_at(request, points[k]);
+        let mut sticky = Vec::new();
+        let env = env_at(&truncated, points.len() == 1, env, &mut sticky);
+        super::whole_counted(&truncated, &env, self.tokens_at(points[k].len))
+    }
+
+    /// The tokens of the client's request as it was with its first `len` messages
+    /// (`TokenCounter::request` of it).
+    fn tokens_at(&self, len: usize) -> usize {
+        let counter = self.env.counter;
+        let mut sums = self.sums.borrow_mut();
+        let counted = sums.len() - 1;
+        for message in self.request.messages.get(counted..len).unwrap_or_default() {
+            let before = sums.last().copied().unwrap_or_default();
+            sums.push(before + counter.message(message));
+        }
+        let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        counter.request_of(sums[len], tools)
     }
 
     /// The tokens of the request's message `index` as it is appended.
@@ -734,14 +759,6 @@ fn env_at<'b>(
         sticky_categories: sticky,
         ..*env
     }
-}
-
-/// The whole rewrite of the request as it was at point `k`.
-fn whole_of(request: &ChatRequest, points: &[Point], k: usize, env: &Env<'_>) -> Rewrite {
-    let truncated = request_at(request, points[k]);
-    let mut sticky = Vec::new();
-    let env = env_at(&truncated, points.len() == 1, env, &mut sticky);
-    super::whole(&truncated, &env)
 }
 
 fn summary(rewrite: &Rewrite) -> Whole {
