@@ -207,15 +207,17 @@ fn packed(piece: &[u8]) -> Option<(u64, u64)> {
     };
     let first = match n {
         0 => 0,
-        1..=3 => {
-            u64::from(piece[0]) | u64::from(piece[n / 2]) << 8 | u64::from(piece[n - 1]) << 16
-        }
+        1..=3 => u64::from(piece[0]) | u64::from(piece[n / 2]) << 8 | u64::from(piece[n - 1]) << 16,
         4..=8 => u32_at(0) | u32_at(n - 4) << 32,
         9..=PACKED_MAX_BYTES => u64_at(0),
         _ => return None,
     };
     // Bytes 8 to `n` (none when `n <= 8`), at the bottom of the last eight.
-    let rest = if n > 8 { u64_at(n - 8) >> (8 * (16 - n)) } else { 0 };
+    let rest = if n > 8 {
+        u64_at(n - 8) >> (8 * (16 - n))
+    } else {
+        0
+    };
     Some((first, rest | (n as u64) << 56))
 }
 

@@ -85,7 +85,12 @@ impl Tally {
             }
         } else {
             for c in value.chars() {
-                add(c.is_whitespace(), c.is_ascii_digit(), c.is_alphabetic(), c == '@');
+                add(
+                    c.is_whitespace(),
+                    c.is_ascii_digit(),
+                    c.is_alphabetic(),
+                    c == '@',
+                );
             }
         }
         tally.chars = if ascii {

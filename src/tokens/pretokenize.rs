@@ -176,7 +176,6 @@ fn piece_boundaries_at_spaces(text: &str) -> impl Iterator<Item = usize> + '_ {
 /// break, then letters; then the same as o200k_base (line breaks only after symbols).
 #[inline(always)]
 fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
-
     let first = text[at];
     // Most pieces start with a letter or a digit: no leading character, no contraction before.
     if first.is_ascii_alphabetic() {
