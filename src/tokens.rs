@@ -18,7 +18,7 @@ use bpe::byte_pair_encoding::BytePairEncoding;
 use crate::bounded::SharedLru;
 use serde::{Deserialize, Serialize};
 
-use crate::openai::{ChatRequest, Content, Message, Tool, hash_json};
+use crate::openai::{ChatRequest, Content, Message, Role, Tool, hash_json};
 
 /// Every message is framed as `<|start|>{role}<|message|>{content}<|end|>`.
 const TOKENS_PER_MESSAGE: usize = 3;
@@ -38,6 +38,9 @@ const CACHE_BYTES: usize = 8 * 1024 * 1024;
 const LONG_TEXT_BYTES: usize = 512;
 /// A long text is counted in parts of at least this many bytes (`pretokenize::parts`).
 const PART_BYTES: usize = 2048;
+/// An instruction text is counted in smaller parts: the summary section the window stage
+/// writes in it changes by a few lines from pass to pass and point to point.
+const INSTRUCTION_PART_BYTES: usize = 256;
 /// Seeds that keep message keys and text keys apart in the one cache.
 const MESSAGE_SEED: u64 = 0x6d65_7373_6167_6573;
 const TEXT_SEED: u64 = 0x7465_7874_7465_7874;
@@ -330,13 +333,29 @@ impl TokenCounter {
     /// cached: a system message whose sections change keeps the counts of the instructions
     /// before them.
     pub fn text_recurring(&self, text: &str) -> usize {
+        self.text_in_parts(text, PART_BYTES)
+    }
+
+    /// `text`, a system or developer message's (an application's instructions, the proxy's
+    /// summary section), counted in parts of a few lines, each cached: the section's ledger
+    /// grows by lines, and its other parts are the same from pass to pass.
+    pub fn instructions(&self, text: &str) -> usize {
+        if text.len() < LONG_TEXT_BYTES {
+            return self.text(text);
+        }
+        self.text_in_parts(text, INSTRUCTION_PART_BYTES)
+    }
+
+    /// `text` counted in parts of at least `part_bytes` (one part when it is shorter than two),
+    /// each part cached.
+    fn text_in_parts(&self, text: &str, part_bytes: usize) -> usize {
         if text.is_empty() {
             return 0;
         }
-        if text.len() < 2 * PART_BYTES {
+        if text.len() < 2 * part_bytes {
             return self.text_cached(text);
         }
-        pretokenize::parts(text, PART_BYTES)
+        pretokenize::parts(text, part_bytes)
             .map(|part| self.text_cached(part))
             .sum()
     }
@@ -378,7 +397,9 @@ impl TokenCounter {
         if let Some(name) = message.name.get() {
             count += self.text(name) + TOKENS_PER_NAME;
         }
+        let instructions = matches!(message.role, Role::System | Role::Developer);
         match message.content.get() {
+            Some(Content::Text(text)) if instructions => count += self.instructions(text),
             Some(Content::Text(text)) => count += self.text(text),
             Some(Content::Parts(parts)) => {
                 for part in parts {
@@ -670,6 +691,31 @@ mod tests {
                         "{text}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn instructions_count_as_the_whole_text() {
+        let ledger: String = (0..60)
+            .map(|k| {
+                format!("- call get_order(order_id: #W{k:07}) -> status: shipped, total: {k}.50\n")
+            })
+            .collect();
+        let texts = [
+            "You are an airline agent.\n\n  Verify the user first.\r\n".repeat(40),
+            format!(
+                "Policy.\n<conversation_summary>\nIdentifiers from earlier turns, word for word:\n{ledger}Earlier turns, oldest first:\n- turns 1-3: refund\n</conversation_summary>"
+            ),
+            "no line breaks at all, ".repeat(60),
+        ];
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            let counter = TokenCounter::new(encoding);
+            for text in &texts {
+                assert!(text.len() >= 2 * INSTRUCTION_PART_BYTES);
+                assert_eq!(counter.instructions(text), reference(encoding).count(text));
+                // Again, from the cached parts.
+                assert_eq!(counter.instructions(text), reference(encoding).count(text));
             }
         }
     }

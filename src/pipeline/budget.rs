@@ -105,8 +105,8 @@ impl Floor {
                     .map(|c| c.text())
                     .and_then(|text| {
                         let section = summary_section(&text)?;
-                        let ledger = ledger_lines(section).map_or(0, |l| counter.text(l));
-                        Some((counter.text(section), ledger))
+                        let ledger = ledger_lines(section).map_or(0, |l| counter.instructions(l));
+                        Some((counter.instructions(section), ledger))
                     })
                     .unwrap_or((0, 0));
                 let section = section.min(tokens);
