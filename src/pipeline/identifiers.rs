@@ -24,10 +24,16 @@ pub fn is_identifier_value(value: &str) -> bool {
     if value.len() > 4 * MAX_IDENTIFIER_CHARS {
         return false;
     }
-    let tally = Tally::of(value);
-    if tally.chars == 0 || tally.chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
+    let ascii = value.is_ascii();
+    let chars = if ascii {
+        value.len()
+    } else {
+        value.chars().count()
+    };
+    if chars == 0 || chars > MAX_IDENTIFIER_CHARS || value.contains("://") {
         return false;
     }
+    let tally = Tally::of(value, ascii);
     if tally.words > MAX_IDENTIFIER_WORDS {
         return false;
     }
@@ -36,9 +42,9 @@ pub fn is_identifier_value(value: &str) -> bool {
     }
     if tally.digits > 0 {
         // Codes and dates mix letters and digits; amounts, zips and times are digits.
-        return (tally.letters > 0 && tally.chars >= 3) || tally.digits >= 2 || value.contains('.');
+        return (tally.letters > 0 && chars >= 3) || tally.digits >= 2 || value.contains('.');
     }
-    if value.starts_with('#') && tally.chars >= 3 {
+    if value.starts_with('#') && chars >= 3 {
         return true;
     }
     text::is_code_name(value) || is_name(value)
@@ -48,7 +54,6 @@ pub fn is_identifier_value(value: &str) -> bool {
 /// are), characters where not.
 #[derive(Default)]
 struct Tally {
-    chars: usize,
     words: usize,
     digits: usize,
     letters: usize,
@@ -57,7 +62,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn of(value: &str) -> Tally {
+    fn of(value: &str, ascii: bool) -> Tally {
         let mut tally = Tally::default();
         let mut in_word = false;
         let mut add = |white: bool, digit: bool, letter: bool, at: bool| {
@@ -72,7 +77,6 @@ impl Tally {
             tally.letters += usize::from(letter);
             tally.at |= at;
         };
-        let ascii = value.is_ascii();
         if ascii {
             for &b in value.as_bytes() {
                 // `char::is_whitespace` on ASCII: tab to carriage return (vertical tab too), space.
@@ -93,11 +97,6 @@ impl Tally {
                 );
             }
         }
-        tally.chars = if ascii {
-            value.len()
-        } else {
-            value.chars().count()
-        };
         tally
     }
 }
