@@ -213,9 +213,6 @@ fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
             return letters;
         }
     }
-    if first.is_ascii_digit() {
-        return run(text, at, |c| c.is_ascii_digit()).min(at + 3);
-    }
     let symbols = if first == b' ' && text.get(at + 1).copied().is_some_and(is_symbol) {
         at + 1
     } else {
