@@ -33,7 +33,7 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PipelineConfig {
     pub mode: Mode,
@@ -74,7 +74,7 @@ impl Default for PipelineConfig {
 const MAX_EXPANSIONS: u32 = 8;
 
 /// `[tools]`: tool filtering by category.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
     pub enabled: bool,
@@ -200,7 +200,7 @@ impl Default for ToolsConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolCategory {
     pub name: String,
@@ -230,7 +230,7 @@ pub enum LeftOut {
     Remove,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SystemConfig {
     pub enabled: bool,
@@ -242,7 +242,7 @@ impl Default for SystemConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WindowConfig {
     pub enabled: bool,
@@ -290,7 +290,7 @@ impl Default for WindowConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FactsConfig {
     pub enabled: bool,
@@ -307,7 +307,7 @@ impl Default for FactsConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CompactConfig {
     pub enabled: bool,
@@ -385,7 +385,7 @@ pub enum OnExceed {
     Forward,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetConfig {
     pub enabled: bool,

@@ -18,6 +18,7 @@
 //! point to resume from. Nothing here does I/O.
 
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use foldhash::quality::FixedState;
@@ -30,7 +31,8 @@ use super::tools::append::{
     definitions_from, previous_turn_categories, sends_block_whole, without_tools,
 };
 use super::working_set::WorkingSet;
-use super::{Env, Rewrite, with_messages};
+use super::{Env, PipelineConfig, Rewrite, with_messages};
+use crate::guards::ReinforcementConfig;
 use crate::openai::{ChatRequest, Message, Nullable, Role, Tool};
 use crate::tokens::{hash_message, hash_message_stored};
 
@@ -329,6 +331,8 @@ struct Decide<'a> {
     /// Whole rewrites this request made for earlier points, each with its point, while that
     /// point may still be the anchor (`Decide::whole_at`).
     made: std::cell::RefCell<Vec<(usize, Rewrite)>>,
+    /// The copy of the request the points are decided on (`Decide::at`): its first messages.
+    copy: std::cell::Cell<Option<ChatRequest>>,
 }
 
 #[cfg(test)]
@@ -368,6 +372,7 @@ impl<'a> Decide<'a> {
             client_block: std::cell::OnceCell::new(),
             sums: std::cell::RefCell::new(vec![0]),
             made: std::cell::RefCell::new(Vec::new()),
+            copy: std::cell::Cell::new(None),
         }
     }
 
@@ -465,11 +470,36 @@ impl<'a> Decide<'a> {
 
     /// The whole rewrite of the request as it was at point `k`.
     fn whole_of(&self, k: usize) -> Rewrite {
-        let (request, points, env) = (self.request, self.points, self.env);
-        let truncated = request_at(request, points[k]);
+        let tokens = self.tokens_at(self.points[k].len);
+        self.at(k, |truncated, env| {
+            super::whole_counted(truncated, env, tokens)
+        })
+    }
+
+    /// `f` of the request as it was at point `k` and of the point's environment (`env_at`).
+    /// One copy of the client's request serves every point: each message is copied once, when
+    /// a point first needs it, and the later ones are set aside while `f` runs (copying a long
+    /// history for each of its points would cost more than deciding them).
+    fn at<R>(&self, k: usize, f: impl FnOnce(&ChatRequest, &Env<'_>) -> R) -> R {
+        let (request, points) = (self.request, self.points);
+        let len = points[k].len;
+        // Taken while lent: a point decided within another's `f` gets a copy of its own.
+        let mut copy = self
+            .copy
+            .take()
+            .unwrap_or_else(|| with_messages(std::borrow::Cow::Borrowed(request), Vec::new()));
+        let copied = copy.messages.len();
+        if copied < len {
+            copy.messages
+                .extend_from_slice(&request.messages[copied..len]);
+        }
+        let later: Vec<Message> = copy.messages.drain(len..).collect();
         let mut sticky = Vec::new();
-        let env = env_at(&truncated, points.len() == 1, env, &mut sticky);
-        super::whole_counted(&truncated, &env, self.tokens_at(points[k].len))
+        let env = env_at(&copy, points.len() == 1, self.env, &mut sticky);
+        let result = f(&copy, &env);
+        copy.messages.extend(later);
+        self.copy.set(Some(copy));
+        result
     }
 
     /// The tokens of the client's request as it was with its first `len` messages
@@ -532,10 +562,7 @@ impl<'a> Decide<'a> {
                 reminder,
             });
         }
-        let truncated = request_at(self.request, self.points[k]);
-        let mut sticky = Vec::new();
-        let env = env_at(&truncated, self.points.len() == 1, env, &mut sticky);
-        let decided = super::tools::block_decided(&truncated, &env)?;
+        let decided = self.at(k, super::tools::block_decided)?;
         let mut tools = decided.tools;
         // A decided block always offers the recall tool where it may (`run_stages_into`).
         if recall::enabled(env.config) && recall::can_offer_beside(&tools, client_tools) {
@@ -666,16 +693,56 @@ fn settings(request: &ChatRequest, env: &Env<'_>) -> u64 {
     env.budget.hash(&mut hasher);
     // Not serialized with `[tools]`: set per upstream.
     env.config.tools.definitions.hash(&mut hasher);
-    for part in [
-        serde_json::to_string(env.config),
-        serde_json::to_string(&env.config.tools),
-        serde_json::to_string(&env.reinforcement),
-        serde_json::to_string(&request.tool_choice),
-    ] {
-        part.unwrap_or_default().hash(&mut hasher);
+    for part in written(env.config, env.reinforcement).iter() {
+        part.hash(&mut hasher);
     }
+    (serde_json::to_string(&request.tool_choice).unwrap_or_default()).hash(&mut hasher);
     hash_block(&request.tools, &mut hasher);
     hasher.finish()
+}
+
+/// A route's settings as `settings` reads them, written out (JSON): the config, its `[tools]`
+/// and the reinforcement.
+type Written = Rc<[String; 3]>;
+
+/// Configs written out lately, per thread: a route's config is the same on every request, and
+/// writing it out costs more than the rest of a small request's rewrite.
+struct Kept {
+    config: PipelineConfig,
+    reinforcement: Option<ReinforcementConfig>,
+    written: Written,
+}
+
+/// How many configs each thread keeps written out (a route has a few: `Upstream::pipeline`).
+const WRITTEN_KEPT: usize = 8;
+
+thread_local! {
+    static WRITTEN: std::cell::RefCell<Vec<Kept>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `config` and `reinforcement` written out, or as kept when equal to a config written before
+/// (floats compared as numbers: a zero's sign changes the text, never a decision).
+fn written(config: &PipelineConfig, reinforcement: Option<&ReinforcementConfig>) -> Written {
+    WRITTEN.with_borrow_mut(|kept| {
+        let same = |k: &Kept| k.config == *config && k.reinforcement.as_ref() == reinforcement;
+        if let Some(found) = kept.iter().find(|k| same(k)) {
+            return Rc::clone(&found.written);
+        }
+        let written = Rc::new([
+            serde_json::to_string(config).unwrap_or_default(),
+            serde_json::to_string(&config.tools).unwrap_or_default(),
+            serde_json::to_string(&reinforcement).unwrap_or_default(),
+        ]);
+        if kept.len() == WRITTEN_KEPT {
+            kept.remove(0);
+        }
+        kept.push(Kept {
+            config: config.clone(),
+            reinforcement: reinforcement.cloned(),
+            written: Rc::clone(&written),
+        });
+        written
+    })
 }
 
 /// The digest of a block of tools, definitions and all.
@@ -731,14 +798,6 @@ fn nullable_hash<T, H: Hasher>(field: &Nullable<T>, hasher: &mut H, hash: impl F
             hash(value, hasher);
         }
     }
-}
-
-/// The request as it was at point `k`.
-fn request_at(request: &ChatRequest, point: Point) -> ChatRequest {
-    with_messages(
-        std::borrow::Cow::Borrowed(request),
-        request.messages[..point.len].to_vec(),
-    )
 }
 
 /// The environment of a point, `truncated` the request as it was there: the sticky categories
@@ -909,6 +968,27 @@ mod tests {
         assert_eq!(remember.digest, 9_922_026_197_369_008_435);
     }
 
+    #[test]
+    fn settings_kept_written_are_the_settings_written_out() {
+        let first = PipelineConfig::default();
+        let mut other = first.clone();
+        other.window.ledger_max_tokens += 1;
+        let reminder = ReinforcementConfig::default();
+        for (config, reinforcement) in [
+            (&first, None),
+            (&other, None),
+            (&first, Some(&reminder)),
+            (&first, None),
+        ] {
+            let written_out = [
+                serde_json::to_string(config).unwrap(),
+                serde_json::to_string(&config.tools).unwrap(),
+                serde_json::to_string(&reinforcement).unwrap(),
+            ];
+            assert_eq!(*written(config, reinforcement), written_out);
+        }
+    }
+
     /// The reasons of the rebuilt rewrites of a conversation replayed with `budget`.
     fn rebuilds(requests: &[ChatRequest], budget: usize) -> Vec<Option<Rebuilt>> {
         let config = PipelineConfig::default();
@@ -927,6 +1007,14 @@ mod tests {
     /// The requests of a synthetic conversation, in order, as its client sent them.
     fn requests(turns: usize) -> Vec<ChatRequest> {
         requests_of(&synthetic::conversation(turns).unwrap())
+    }
+
+    /// The request as it was at point `point`.
+    fn request_at(request: &ChatRequest, point: Point) -> ChatRequest {
+        with_messages(
+            std::borrow::Cow::Borrowed(request),
+            request.messages[..point.len].to_vec(),
+        )
     }
 
     /// The requests whose last is `full`, in order, as its client sent them.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use foldhash::quality::FixedState;
 
-use super::ledger::{self, IsShown, Mentions, MessageIds, Views};
+use super::ledger::{self, Mentions, MessageIds, Views};
 use super::summary;
 use super::turns::Turn;
 use crate::bounded::Weigh;
@@ -44,6 +44,8 @@ pub(in crate::pipeline) const LINES_HEADER: &str = "Earlier turns, oldest first:
 /// Seeds of the memo keys of ledger states and of each message's identifiers.
 const STATE_SEED: u64 = 0x7365_6374_696f_6e01;
 const IDENTIFIERS_SEED: u64 = 0x6964_656e_7469_0001;
+/// Seed of the memo keys of the block of a ledger's last answer (`answer_block`).
+const ANSWER_SEED: u64 = 0x7365_6374_696f_6e02;
 
 /// What the window stage puts in the system message, and what its report says of it.
 #[derive(Debug, Default)]
@@ -91,15 +93,12 @@ pub fn build(
     answered_kept: bool,
     cx: &StageCx<'_>,
 ) -> Section {
-    let ledger = ledger_state(head, older, cx);
+    let (ledger, ledger_key) = ledger_state(head, older, cx);
     // The last turn's answer, unless it is kept: what the next turn's block will start with.
     let pending = match older.last() {
-        Some(last) if !answered_kept => ledger_lines(
-            &tail(last),
-            &ledger.shown,
-            cx.config.window.ledger_max_tokens,
-            cx,
-        ),
+        Some(last) if !answered_kept => answer_block(ledger_key, &tail(last), &ledger.shown, cx)
+            .lines
+            .clone(),
         _ => Vec::new(),
     };
     let lines = summary::latest(older, cx.params.max_segments, cx);
@@ -135,8 +134,9 @@ pub fn build(
     }
 }
 
-/// The ledger after the turns `older`: each turn's state is made once, from the one before it.
-fn ledger_state(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> Arc<State> {
+/// The ledger after the turns `older`, and its memo key: each turn's state is made once, from
+/// the one before it.
+fn ledger_state(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> (Arc<State>, u64) {
     let mut hasher = FixedState::with_seed(STATE_SEED).build_hasher();
     cx.counter.encoding().hash(&mut hasher);
     cx.config.window.ledger_max_tokens.hash(&mut hasher);
@@ -153,21 +153,28 @@ fn ledger_state(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> Arc<S
         initial
     });
     for (index, turn) in older.iter().enumerate() {
+        let previous_key = hasher.finish();
         for message in turn.messages {
             hash_message(message, &mut hasher);
         }
         let previous = Arc::clone(&state);
         state = cx.memo.value(hasher.finish(), || {
-            step(&previous, head, &older[..=index], cx)
+            step(&previous, previous_key, head, &older[..=index], cx)
         });
     }
-    state
+    (state, hasher.finish())
 }
 
-/// The ledger after the last turn of `older`, from the one before it: a block appended (the
-/// answer of the turn before, then what the turn held but its own answer), or the ledger folded
-/// when the block does not fit.
-fn step(previous: &State, head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> State {
+/// The ledger after the last turn of `older`, from the one before it (kept under
+/// `previous_key`): a block appended (the answer of the turn before, then what the turn held but
+/// its own answer), or the ledger folded when the block does not fit.
+fn step(
+    previous: &State,
+    previous_key: u64,
+    head: &[Message],
+    older: &[Turn<'_>],
+    cx: &StageCx<'_>,
+) -> State {
     let Some((turn, before)) = older.split_last() else {
         return previous.clone();
     };
@@ -178,20 +185,25 @@ fn step(previous: &State, head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>
         next.shown
             .extend(message_ids(message, cx).all.iter().cloned());
     }
-    // The same lines the section showed after the turn before, when its answer was not kept.
+    // The same lines the section showed after the turn before, when its answer was not kept
+    // (the block it made then, where the turn adds no instructions).
     let answer = before.last().map(tail).unwrap_or_default();
-    let answer_block = block(&answer, &next.shown, cap, cx);
+    let answer_block = if turn.instructions().next().is_none() {
+        answer_block(previous_key, &answer, &next.shown, cx)
+    } else {
+        Arc::new(block(&answer, &next.shown, cap, cx))
+    };
     let tokens_before = next.tokens;
     let mut after_answer = next;
     let answer_tokens = answer_block.tokens;
-    append(&mut after_answer, answer_block);
+    append(&mut after_answer, &answer_block);
     let body_block = block(&body(turn), &after_answer.shown, cap, cx);
     if tokens_before + answer_tokens + body_block.tokens > fold_at(cx) {
         let mut folded = fold(head, older, cx);
         folded.folds = previous.folds + 1;
         return folded;
     }
-    append(&mut after_answer, body_block);
+    append(&mut after_answer, &body_block);
     after_answer
 }
 
@@ -215,7 +227,7 @@ fn fold(head: &[Message], older: &[Turn<'_>], cx: &StageCx<'_>) -> State {
     removed.extend(body(last));
     let cap = cx.config.window.ledger_max_tokens;
     let block = block(&removed, &state.shown, cap, cx);
-    append(&mut state, block);
+    append(&mut state, &block);
     state
 }
 
@@ -256,39 +268,25 @@ fn answer_start(turn: &Turn<'_>) -> usize {
     }
 }
 
-/// The ledger lines of `removed` not repeating `shown`, within `ledger_max_tokens`, the most
-/// recently mentioned first (mentions counted among `removed`).
-fn ledger_lines(
-    removed: &[(usize, &Message)],
-    shown: &impl IsShown,
-    max_tokens: usize,
-    cx: &StageCx<'_>,
-) -> Vec<String> {
-    if max_tokens == 0 || removed.is_empty() {
-        return Vec::new();
-    }
-    let ids = removed_ids(removed, cx);
-    ledger::lines(
-        removed,
-        shown,
-        &Mentions::of(removed, &ids),
-        max_tokens,
-        cx.counter,
-        cx.memo,
-    )
-}
-
 /// The identifiers of each message of `removed`.
 fn removed_ids(removed: &[(usize, &Message)], cx: &StageCx<'_>) -> Vec<Arc<MessageIds>> {
     removed.iter().map(|(_, m)| message_ids(m, cx)).collect()
 }
 
 /// A block of ledger lines, their tokens, and the values they show that were not shown.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Block {
     lines: Vec<String>,
     tokens: usize,
     found: Vec<String>,
+}
+
+impl Weigh for Block {
+    fn heap_bytes(&self) -> usize {
+        (self.lines.iter().chain(&self.found))
+            .map(|s| s.len() + 24)
+            .sum()
+    }
 }
 
 /// The block of `removed` given what the ledger so far shows: its lines (`ledger_lines`), and
@@ -325,12 +323,27 @@ fn block(
     }
 }
 
+/// The block of a turn's answer given the ledger kept under `ledger_key`, which shows `shown`:
+/// made once, by the request whose section ends with it, and read again by the next one, whose
+/// ledger appends it.
+fn answer_block(
+    ledger_key: u64,
+    answer: &[(usize, &Message)],
+    shown: &HashSet<String, foldhash::fast::RandomState>,
+    cx: &StageCx<'_>,
+) -> Arc<Block> {
+    let key = FixedState::with_seed(ANSWER_SEED).hash_one(ledger_key);
+    cx.memo.value(key, || {
+        block(answer, shown, cx.config.window.ledger_max_tokens, cx)
+    })
+}
+
 /// Appends a block's lines to a state, and the values they show to what it shows.
-fn append(state: &mut State, block: Block) {
+fn append(state: &mut State, block: &Block) {
     for line in &block.lines {
         push_line(&mut state.text, line);
     }
-    state.shown.extend(block.found);
+    state.shown.extend(block.found.iter().cloned());
     state.tokens += block.tokens;
     state.lines += block.lines.len();
 }
