@@ -44,12 +44,25 @@ pub fn name_segments(name: &str) -> Vec<&str> {
 
 /// The text folded (lowercase, no accents).
 pub fn normalize(text: &str) -> String {
-    if text.is_ascii() {
-        // `fold` of an ASCII character is its lowercase.
-        return text.to_ascii_lowercase();
-    }
+    // `fold` of an ASCII character is its lowercase: runs of them are folded at once, and
+    // only the other characters one by one.
     let mut folded = String::with_capacity(text.len());
-    folded.extend(text.chars().map(fold));
+    let mut rest = text;
+    while !rest.is_empty() {
+        let ascii = rest
+            .bytes()
+            .position(|b| !b.is_ascii())
+            .unwrap_or(rest.len());
+        let (run, after) = rest.split_at(ascii);
+        let start = folded.len();
+        folded.push_str(run);
+        folded[start..].make_ascii_lowercase();
+        let mut chars = after.chars();
+        if let Some(c) = chars.next() {
+            folded.push(fold(c));
+        }
+        rest = chars.as_str();
+    }
     folded
 }
 
@@ -268,6 +281,13 @@ mod tests {
             every.chars().map(fold).collect::<String>()
         );
         assert_eq!(normalize("ÁRBOL Niño"), "arbol nino");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn text_folds_as_each_of_its_characters(text in "(?s)[A-Za-z0-9 .,'áÑüÇ€😀\u{0}-\u{7f}]{0,40}") {
+            proptest::prop_assert_eq!(normalize(&text), text.chars().map(fold).collect::<String>());
+        }
     }
 
     #[test]

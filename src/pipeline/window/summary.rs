@@ -145,9 +145,12 @@ fn summarize(turns: &[Turn<'_>], first_turn: usize, cx: &StageCx<'_>) -> String 
         .collect();
     discussed.extend(tool_names);
     let outcome = outcome(&assistant_texts);
+    // A sentence folds to a part of its text's folding: a text with no marker has no sentence
+    // that states a decision.
     let decisions: Vec<String> = user_texts
         .iter()
         .chain(assistant_texts.iter())
+        .filter(|t| states_a_decision(&normalize(t)))
         .flat_map(|t| sentences(t).into_iter())
         .filter(|s| states_a_decision(&normalize(s)))
         .map(|s| truncate_words(s, 10))
