@@ -186,25 +186,32 @@ pub fn definitions_in(messages: &[Message]) -> Vec<Value> {
         .collect()
 }
 
-/// The stubs of a request as sent (`tools`, `messages`) that the model has no definition of:
-/// a call to one of them is asked again.
-pub fn undefined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Vec<String> {
-    let defined = defined_in(messages);
-    super::stubs::stubbed(tools, client)
-        .into_iter()
-        .filter(|name| !defined.contains(name))
-        .collect()
+/// The stubs of a request as sent (`tools`, `messages`), by whether its messages define them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Stubs {
+    /// Those the model has no definition of: a call to one of them is asked again.
+    pub undefined: Vec<String>,
+    /// Those its messages define in full: the model has their definitions only where a chat
+    /// template may drop them, so a call of one of them is checked against the client's schema
+    /// (`guards::arguments`).
+    pub defined: Vec<String>,
 }
 
-/// The stubs of a request as sent that its messages define in full: the model has their
-/// definitions only where a chat template may drop them, so a call of one of them is checked
-/// against the client's schema (`guards::arguments`).
-pub fn defined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Vec<String> {
+/// The stubs of `tools` (as sent, `client`'s as the client sent them), by whether `messages`
+/// define them.
+pub fn stubs_of(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Stubs {
+    let stubbed = super::stubs::stubbed(tools, client);
+    if stubbed.is_empty() {
+        return Stubs::default();
+    }
     let defined = defined_in(messages);
-    super::stubs::stubbed(tools, client)
-        .into_iter()
-        .filter(|name| defined.contains(name))
-        .collect()
+    let (defined, undefined) = stubbed.into_iter().partition(|name| defined.contains(name));
+    Stubs { undefined, defined }
+}
+
+/// `Stubs::undefined` of a request as sent.
+pub fn undefined_stubs(tools: &[Tool], messages: &[Message], client: &[Tool]) -> Vec<String> {
+    stubs_of(tools, messages, client).undefined
 }
 
 /// Whether a tool needed later goes in full in the block: a strict tool, or any tool when
@@ -276,10 +283,41 @@ fn is_definitions(message: &Message) -> bool {
 
 /// The names of the tools that definitions messages among `messages` define.
 pub fn defined_in(messages: &[Message]) -> BTreeSet<String> {
-    definitions_in(messages)
-        .iter()
-        .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_owned))
+    definition_messages(messages)
+        .flat_map(|(_, rest)| rest.lines())
+        .filter_map(|line| serde_json::from_str::<Named>(line).ok()?.0)
         .collect()
+}
+
+/// The `name` a definition line gives, read as `Value::get` would read it (the last of the
+/// name fields, when a string), without building the rest of the definition.
+struct Named(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for Named {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Named, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Named;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a function object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Named, A::Error> {
+                let mut name = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "name" {
+                        name = map.next_value::<Value>()?.as_str().map(str::to_owned);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Named(name))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
 }
 
 /// `messages`, a rewrite of `original` that keeps a tail of it verbatim (less the system and
@@ -584,6 +622,31 @@ mod tests {
         quoted.tool_call_id = Nullable::Value("call_abc123".to_owned());
         assert!(!is_definition(&quoted));
         assert!(defined_in(&[quoted]).is_empty());
+    }
+
+    #[test]
+    fn a_definition_line_names_what_its_json_value_names() {
+        let lines = [
+            r#"{"name": "a", "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}"#,
+            r#"{"description": "no name", "parameters": {}}"#,
+            r#"{"name": 7}"#,
+            r#"{"name": "first", "name": "last"}"#,
+            r#"{"name": "esc\u0061ped\n"}"#,
+            r#"["name", "an array"]"#,
+            r#""name""#,
+            r#"{"name": "cut"#,
+            r#"{"name": "b"} trailing"#,
+            "",
+        ];
+        let content = format!("{HEADER}{}", lines.map(|l| format!("\n{l}")).concat());
+        let message = text(Role::System, &content);
+        let by_value: BTreeSet<String> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        assert_eq!(by_value.len(), 3, "{by_value:?}");
+        assert_eq!(defined_in(&[message]), by_value);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::metrics::{ChatLabels, ExpansionOutcome, RecallOutcome};
 use crate::openai::{ChatRequest, Nullable, Tool, ToolCall};
 use crate::pipeline::config::Definitions;
 use crate::pipeline::recall::{self, Mark};
-use crate::pipeline::tools::inline::{self, defined_in, defined_stubs, reask, undefined_stubs};
+use crate::pipeline::tools::inline::{self, defined_in, reask, stubs_of};
 use crate::pipeline::tools::stubs::promote;
 use crate::responses;
 use crate::server::learned::{self, Lesson};
@@ -145,8 +145,10 @@ impl ExpandCall {
     ) -> Option<ExpandCall> {
         let client_tools = client.tools.get()?;
         let tools = request.tools.get()?;
-        let stubs = undefined_stubs(tools, &request.messages, client_tools);
-        let defined = defined_stubs(tools, &request.messages, client_tools);
+        let inline::Stubs {
+            undefined: stubs,
+            defined,
+        } = stubs_of(tools, &request.messages, client_tools);
         let recall = recall::offered(tools).then(|| Recall {
             named: recall::named_handles(&request.messages),
             rounds: 0,
@@ -346,8 +348,11 @@ impl ExpandCall {
     /// What the request now offers as stubs and defines only in its messages.
     fn watch(&mut self) {
         let tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
-        let stubs = undefined_stubs(tools, &self.request.messages, tools_of(&self.client));
-        self.defined = defined_stubs(tools, &self.request.messages, tools_of(&self.client));
+        let inline::Stubs {
+            undefined: stubs,
+            defined,
+        } = stubs_of(tools, &self.request.messages, tools_of(&self.client));
+        self.defined = defined;
         let (upstream, stubs): (Vec<String>, Vec<String>) = stubs
             .into_iter()
             .partition(|name| self.upstream_defined.contains(name));
