@@ -26,7 +26,8 @@ pub async fn chat_completions(
     Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Response<Body> {
-    answer(&state, &context, request, Entry::Chat).await
+    // Boxed: the call's state is large, and each layer above moves its handler's future.
+    Box::pin(answer(&state, &context, request, Entry::Chat)).await
 }
 
 /// `POST /v1/responses`: the same phases, the body read as a chat request and the rewrite
@@ -36,7 +37,7 @@ pub async fn responses(
     Extension(context): Extension<RequestContext>,
     request: Request,
 ) -> Response<Body> {
-    answer(&state, &context, request, Entry::Responses).await
+    Box::pin(answer(&state, &context, request, Entry::Responses)).await
 }
 
 /// The response to a request of `entry`, through its one exit ([`CallLog::finish`]).
