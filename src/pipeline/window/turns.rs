@@ -10,7 +10,7 @@ use crate::openai::{Message, Role};
 use crate::pipeline::config::WindowConfig;
 use crate::pipeline::memo::Memo;
 use crate::pipeline::stage::StageCx;
-use crate::pipeline::text::{Bag, bag, content_words, cosine, normalize};
+use crate::pipeline::text::{Bag, bag_of, content_words, cosine, normalize};
 
 /// A user message and everything up to the next one (the first turn may have no user message).
 pub struct Turn<'a> {
@@ -168,9 +168,10 @@ impl UserSignals {
         let key = FixedState::with_seed(SIGNALS_SEED).hash_one(text);
         memo.value(key, || {
             let folded = normalize(text);
+            let words = content_words(text);
             UserSignals {
-                bag: bag(text),
-                enough: content_words(text).len() >= 4,
+                enough: words.len() >= 4,
+                bag: bag_of(words),
                 explicit: SHIFT_PHRASES.iter().any(|p| folded.contains(p)),
             }
         })
