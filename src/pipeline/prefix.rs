@@ -720,11 +720,28 @@ thread_local! {
     static WRITTEN: std::cell::RefCell<Vec<Kept>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `config` and `reinforcement` written out, or as kept when equal to a config written before
-/// (floats compared as numbers: a zero's sign changes the text, never a decision).
+/// The config's floats, bit for bit: configs that are equal but for the sign of a zero are
+/// written out differently.
+fn float_bits(config: &PipelineConfig) -> [u64; 5] {
+    let (tools, window) = (&config.tools, &config.window);
+    [
+        tools.context_weight,
+        tools.min_score,
+        window.continuity_high,
+        window.continuity_low,
+        window.topic_shift_similarity,
+    ]
+    .map(f64::to_bits)
+}
+
+/// `config` and `reinforcement` written out, or as kept when equal to a config written before.
 fn written(config: &PipelineConfig, reinforcement: Option<&ReinforcementConfig>) -> Written {
     WRITTEN.with_borrow_mut(|kept| {
-        let same = |k: &Kept| k.config == *config && k.reinforcement.as_ref() == reinforcement;
+        let same = |k: &Kept| {
+            k.config == *config
+                && float_bits(&k.config) == float_bits(config)
+                && k.reinforcement.as_ref() == reinforcement
+        };
         if let Some(found) = kept.iter().find(|k| same(k)) {
             return Rc::clone(&found.written);
         }
@@ -973,12 +990,17 @@ mod tests {
         let first = PipelineConfig::default();
         let mut other = first.clone();
         other.window.ledger_max_tokens += 1;
+        let (mut zero, mut negative_zero) = (first.clone(), first.clone());
+        zero.window.continuity_low = 0.0;
+        negative_zero.window.continuity_low = -0.0;
         let reminder = ReinforcementConfig::default();
         for (config, reinforcement) in [
             (&first, None),
             (&other, None),
             (&first, Some(&reminder)),
             (&first, None),
+            (&zero, None),
+            (&negative_zero, None),
         ] {
             let written_out = [
                 serde_json::to_string(config).unwrap(),
@@ -987,6 +1009,28 @@ mod tests {
             ];
             assert_eq!(*written(config, reinforcement), written_out);
         }
+    }
+
+    #[test]
+    fn every_float_of_a_config_is_compared_bit_for_bit() {
+        fn floats(value: &serde_json::Value) -> usize {
+            match value {
+                serde_json::Value::Number(n) => usize::from(n.is_f64()),
+                serde_json::Value::Array(items) => items.iter().map(floats).sum(),
+                serde_json::Value::Object(fields) => fields.values().map(floats).sum(),
+                _ => 0,
+            }
+        }
+        let config = PipelineConfig::default();
+        let written = [
+            serde_json::to_value(&config).unwrap(),
+            serde_json::to_value(&config.tools).unwrap(),
+            serde_json::to_value(ReinforcementConfig::default()).unwrap(),
+        ];
+        assert_eq!(
+            written.iter().map(floats).sum::<usize>(),
+            float_bits(&config).len()
+        );
     }
 
     /// The reasons of the rebuilt rewrites of a conversation replayed with `budget`.

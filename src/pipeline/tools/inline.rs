@@ -283,41 +283,10 @@ fn is_definitions(message: &Message) -> bool {
 
 /// The names of the tools that definitions messages among `messages` define.
 pub fn defined_in(messages: &[Message]) -> BTreeSet<String> {
-    definition_messages(messages)
-        .flat_map(|(_, rest)| rest.lines())
-        .filter_map(|line| serde_json::from_str::<Named>(line).ok()?.0)
+    definitions_in(messages)
+        .iter()
+        .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_owned))
         .collect()
-}
-
-/// The `name` a definition line gives, read as `Value::get` would read it (the last of the
-/// name fields, when a string), without building the rest of the definition.
-struct Named(Option<String>);
-
-impl<'de> serde::Deserialize<'de> for Named {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Named, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = Named;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a function object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Named, A::Error> {
-                let mut name = None;
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "name" {
-                        name = map.next_value::<Value>()?.as_str().map(str::to_owned);
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                    }
-                }
-                Ok(Named(name))
-            }
-        }
-        deserializer.deserialize_map(Fields)
-    }
 }
 
 /// `messages`, a rewrite of `original` that keeps a tail of it verbatim (less the system and
@@ -622,31 +591,6 @@ mod tests {
         quoted.tool_call_id = Nullable::Value("call_abc123".to_owned());
         assert!(!is_definition(&quoted));
         assert!(defined_in(&[quoted]).is_empty());
-    }
-
-    #[test]
-    fn a_definition_line_names_what_its_json_value_names() {
-        let lines = [
-            r#"{"name": "a", "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}"#,
-            r#"{"description": "no name", "parameters": {}}"#,
-            r#"{"name": 7}"#,
-            r#"{"name": "first", "name": "last"}"#,
-            r#"{"name": "esc\u0061ped\n"}"#,
-            r#"["name", "an array"]"#,
-            r#""name""#,
-            r#"{"name": "cut"#,
-            r#"{"name": "b"} trailing"#,
-            "",
-        ];
-        let content = format!("{HEADER}{}", lines.map(|l| format!("\n{l}")).concat());
-        let message = text(Role::System, &content);
-        let by_value: BTreeSet<String> = lines
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_owned))
-            .collect();
-        assert_eq!(by_value.len(), 3, "{by_value:?}");
-        assert_eq!(defined_in(&[message]), by_value);
     }
 
     #[test]
