@@ -176,21 +176,19 @@ fn piece_boundaries_at_spaces(text: &str) -> impl Iterator<Item = usize> + '_ {
 /// break, then letters; then the same as o200k_base (line breaks only after symbols).
 #[inline(always)]
 fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
-    let first = text[at];
+    let first = class(text[at]);
     // Most pieces start with a letter or a digit: no leading character, no contraction before.
-    if first.is_ascii_alphabetic() {
+    if first & LETTER != 0 {
         return if O200K_BASE {
-            let lower = run(text, run(text, at, |c| c.is_ascii_uppercase()), |c| {
-                c.is_ascii_lowercase()
-            });
+            let lower = run(text, run(text, at, UPPER), LOWER);
             lower + contraction_len(text, lower)
         } else {
-            run(text, at, |c| c.is_ascii_alphabetic())
+            run(text, at, LETTER)
         };
     }
-    if first.is_ascii_digit() {
+    if first & DIGIT != 0 {
         // One to three digits: a longer number is read three at a time.
-        return run(&text[..text.len().min(at + 3)], at, |c| c.is_ascii_digit());
+        return run(&text[..text.len().min(at + 3)], at, DIGIT);
     }
     if !O200K_BASE {
         let contraction = contraction_len(text, at);
@@ -198,35 +196,29 @@ fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
             return at + contraction;
         }
     }
-    // The optional leading character: a backtracking search takes it whenever it can, and
-    // without it the letters cannot start (it is not a letter).
-    let start = if is_lead(first) { at + 1 } else { at };
-    if O200K_BASE {
-        let upper = run(text, start, |c| c.is_ascii_uppercase());
-        let lower = run(text, upper, |c| c.is_ascii_lowercase());
-        if lower > upper || upper > start {
-            return lower + contraction_len(text, lower);
-        }
-    } else {
-        let letters = run(text, start, |c| c.is_ascii_alphabetic());
-        if letters > start {
-            return letters;
-        }
+    // The optional leading character (`first` is neither a letter nor a digit): a backtracking
+    // search takes it whenever it can, and without it the letters cannot start.
+    let start = if first & BREAK == 0 { at + 1 } else { at };
+    if text.get(start).is_some_and(|&c| class(c) & LETTER != 0) {
+        return if O200K_BASE {
+            let lower = run(text, run(text, start, UPPER), LOWER);
+            lower + contraction_len(text, lower)
+        } else {
+            run(text, start, LETTER)
+        };
     }
-    let symbols = if first == b' ' && text.get(at + 1).copied().is_some_and(is_symbol) {
+    let symbols = if text[at] == b' ' && text.get(at + 1).is_some_and(|&c| class(c) & SYMBOL != 0) {
         at + 1
     } else {
         at
     };
-    if is_symbol(text[symbols]) {
-        let end = run(text, symbols, is_symbol);
-        return run(text, end, |c| {
-            c == b'\r' || c == b'\n' || (O200K_BASE && c == b'/')
-        });
+    if class(text[symbols]) & SYMBOL != 0 {
+        let end = run(text, symbols, SYMBOL);
+        return run(text, end, if O200K_BASE { BREAK | SLASH } else { BREAK });
     }
     // White space (`first` is: every other character matched above).
-    let end = run(text, at, is_space);
-    if let Some(line_break) = (at..end).rev().find(|&k| matches!(text[k], b'\r' | b'\n')) {
+    let end = run(text, at, SPACE);
+    if let Some(line_break) = (at..end).rev().find(|&k| class(text[k]) & BREAK != 0) {
         line_break + 1
     } else if end == text.len() || end - at == 1 {
         end
@@ -235,28 +227,63 @@ fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
     }
 }
 
-/// Where the run of characters of `class` starting at `from` ends.
+/// Where the run of characters of a class in `classes` (bits of [`CLASSES`]) starting at
+/// `from` ends.
 #[inline(always)]
-fn run(text: &[u8], from: usize, class: impl Fn(u8) -> bool) -> usize {
-    text[from..]
-        .iter()
-        .position(|&c| !class(c))
-        .map_or(text.len(), |k| from + k)
+fn run(text: &[u8], mut from: usize, classes: u8) -> usize {
+    while let Some(&c) = text.get(from) {
+        if class(c) & classes == 0 {
+            break;
+        }
+        from += 1;
+    }
+    from
 }
 
+/// The classes of ASCII characters that the split patterns tell apart, bits of [`CLASSES`].
+const UPPER: u8 = 1;
+const LOWER: u8 = 1 << 1;
+const LETTER: u8 = UPPER | LOWER;
+const DIGIT: u8 = 1 << 2;
 /// `\s` in ASCII (Unicode's White_Space).
-fn is_space(c: u8) -> bool {
-    matches!(c, b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ')
-}
-
+const SPACE: u8 = 1 << 3;
+/// `[\r\n]`, also white space.
+const BREAK: u8 = 1 << 4;
 /// `[^\s\p{L}\p{N}]`.
-fn is_symbol(c: u8) -> bool {
-    !is_space(c) && !c.is_ascii_alphanumeric()
-}
+const SYMBOL: u8 = 1 << 5;
+/// `/`, also a symbol.
+const SLASH: u8 = 1 << 6;
 
-/// `[^\r\n\p{L}\p{N}]`.
-fn is_lead(c: u8) -> bool {
-    c != b'\r' && c != b'\n' && !c.is_ascii_alphanumeric()
+/// Each ASCII character's classes: one table read instead of a comparison per class.
+const CLASSES: [u8; 128] = {
+    let mut table = [0; 128];
+    let mut c = 0;
+    while c < 128 {
+        let byte = c as u8;
+        table[c] = if byte.is_ascii_uppercase() {
+            UPPER
+        } else if byte.is_ascii_lowercase() {
+            LOWER
+        } else if byte.is_ascii_digit() {
+            DIGIT
+        } else if byte == b'\r' || byte == b'\n' {
+            SPACE | BREAK
+        } else if matches!(byte, b'\t' | 0x0B | 0x0C | b' ') {
+            SPACE
+        } else if byte == b'/' {
+            SYMBOL | SLASH
+        } else {
+            SYMBOL
+        };
+        c += 1;
+    }
+    table
+};
+
+/// The classes of an ASCII character (the text split by hand is all ASCII).
+#[inline(always)]
+fn class(c: u8) -> u8 {
+    CLASSES[usize::from(c & 0x7f)]
 }
 
 /// The length of `(?i:'s|'t|'re|'ve|'m|'ll|'d)` at `at`, or 0.
