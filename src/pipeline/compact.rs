@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 use super::config::PipelineConfig;
 use super::identifiers::{call_label, json_identifiers, render_labelled_once, scalar_identifier};
 use super::memo::Memo;
-use super::payload::{self, Payload};
+use super::payload;
+use super::reads::{self, Read};
 use super::recall;
 use super::stage::{Params, Stage, StageCx, StageName, StageOutput};
 use super::text::identifiers;
@@ -309,7 +310,7 @@ fn cut_result(
         let mut keep: HashSet<&str> = compact.keep_fields.iter().map(String::as_str).collect();
         keep.extend(extra.into_iter().flatten().map(String::as_str));
         // What is under an envelope is compacted, not the envelope's one long string.
-        match &*read_result(text, cx.memo) {
+        match &*reads::read(text, cx.memo) {
             Read::Tree(value) => CutForm(
                 compact_json_to_fit(value, &keep, max_tokens, cx.params, cx.counter).into(),
                 Form::Json,
@@ -326,111 +327,6 @@ fn cut_result(
             ),
         }
     })
-}
-
-/// A result's content as `payload::read` finds it under its envelopes, kept for every form
-/// made of it (stub, cuts, working-set form): a tree, or a text (`None`: the result itself).
-enum Read {
-    Tree(Value),
-    Text(Option<String>),
-}
-
-impl Read {
-    fn tree(&self) -> Option<&Value> {
-        match self {
-            Read::Tree(value) => Some(value),
-            Read::Text(_) => None,
-        }
-    }
-
-    fn of(text: &str) -> Read {
-        match payload::read(text) {
-            Payload::Tree(value) => Read::Tree(value),
-            Payload::Text(std::borrow::Cow::Borrowed(_)) => Read::Text(None),
-            Payload::Text(std::borrow::Cow::Owned(inner)) => Read::Text(Some(inner)),
-        }
-    }
-}
-
-impl crate::bounded::Weigh for Read {
-    fn heap_bytes(&self) -> usize {
-        match self {
-            Read::Tree(value) => value.heap_bytes(),
-            Read::Text(inner) => inner.as_ref().map_or(0, String::capacity),
-        }
-    }
-}
-
-/// Seed of the memo keys of read results.
-const READ_SEED: u64 = 0x7265_6164_0000_0001;
-
-/// From this size on a result's tree stays in the memo across requests: reading it again costs
-/// tens of microseconds or more. A smaller result's tree (about three times its text) is kept
-/// only while the rewrite that read it runs (`ReadScope`), and read again when a later request
-/// makes a new form of it.
-const READ_MEMO_MIN_BYTES: usize = 16 * 1024;
-
-/// Small results read by one rewrite, by the hash of their text.
-type Reads = HashMap<u64, Arc<Read>>;
-
-thread_local! {
-    /// The small results read by the rewrite this thread is running, when a `ReadScope` is
-    /// open: its forms (working set, cuts at each budget step, stub) share one read.
-    static READS: std::cell::RefCell<Option<Reads>> = const { std::cell::RefCell::new(None) };
-}
-
-/// While it lives, the small results that compaction reads on this thread are read once
-/// (`READS`); they go when it drops. Opened by each pipeline run; an inner scope is a no-op.
-pub struct ReadScope {
-    opened: bool,
-}
-
-impl ReadScope {
-    pub fn enter() -> ReadScope {
-        let opened = with_reads(|reads| match reads {
-            None => {
-                *reads = Some(HashMap::new());
-                true
-            }
-            Some(_) => false,
-        });
-        ReadScope {
-            opened: opened.unwrap_or(false),
-        }
-    }
-}
-
-impl Drop for ReadScope {
-    fn drop(&mut self) {
-        if self.opened {
-            with_reads(|reads| *reads = None);
-        }
-    }
-}
-
-/// `f` over this thread's reads; `None` when they are in use (never: nothing here nests).
-fn with_reads<T>(f: impl FnOnce(&mut Option<Reads>) -> T) -> Option<T> {
-    READS.with(|reads| reads.try_borrow_mut().ok().map(|mut reads| f(&mut reads)))
-}
-
-/// `Read::of`, memoized by the result's text: in the memo from `READ_MEMO_MIN_BYTES` on,
-/// else in the open `ReadScope` (read again outside one).
-fn read_result(text: &str, memo: &Memo) -> Arc<Read> {
-    let key = FixedState::with_seed(READ_SEED).hash_one(text);
-    if text.len() >= READ_MEMO_MIN_BYTES {
-        return memo.value(key, || Read::of(text));
-    }
-    let known = with_reads(|reads| reads.as_ref().and_then(|reads| reads.get(&key).cloned()));
-    if let Some(read) = known.flatten() {
-        return read;
-    }
-    let read = Arc::new(Read::of(text));
-    with_reads(|reads| {
-        if let Some(reads) = reads {
-            reads.insert(key, Arc::clone(&read));
-        }
-    });
-    read
 }
 
 /// Seed of the memo keys of cut results.
@@ -476,7 +372,7 @@ fn lossless(
             None => (inner, Form::Text),
         });
     }
-    let (compacted, form) = match &*read_result(text, memo) {
+    let (compacted, form) = match &*reads::read(text, memo) {
         Read::Tree(value) => {
             let rules = Rules::lossless(config.compact.max_string_chars);
             let compacted = tabulated(compact_value(value, &rules));
@@ -720,7 +616,7 @@ fn stub_start(
 ) -> Arc<StubStart> {
     let text: &str = &result.text;
     memo.value(stub_start_key(call, result, max_tokens, counter), || {
-        start_of_stub(call, text, &read_result(text, memo), max_tokens, counter)
+        start_of_stub(call, text, &reads::read(text, memo), max_tokens, counter)
     })
 }
 

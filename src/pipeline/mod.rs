@@ -14,6 +14,7 @@ pub(crate) mod identifiers;
 mod memo;
 pub mod payload;
 pub mod prefix;
+mod reads;
 pub mod recall;
 mod reinforcement;
 pub mod report;
@@ -118,7 +119,7 @@ fn stages() -> [&'static dyn Reported; 4] {
 /// invalidates, else the conversation's last rewrite with the new messages appended
 /// (`prefix.rs`).
 pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    let _reads = compact::ReadScope::enter();
+    let _reads = reads::ReadScope::enter();
     // The recall tool is the proxy's, allowed beside the budget: offering it never makes the
     // stages cut more of the client's context. The report says the client's budget; what is
     // over it is counted past the allowance.
@@ -276,7 +277,7 @@ impl Rewrite {
 /// The request after each stage of a first pass (before the budget), to tell which stage
 /// removed something (`ctxproxy analyze --losses`).
 pub fn stage_snapshots(request: &ChatRequest, env: &Env<'_>) -> Vec<(StageName, ChatRequest)> {
-    let _reads = compact::ReadScope::enter();
+    let _reads = reads::ReadScope::enter();
     let mut snapshots = Vec::new();
     run_stages_into(
         request,
@@ -299,7 +300,7 @@ pub fn run_stage(
     env: &Env<'_>,
 ) -> Option<StageOutput<StageDetails>> {
     let stage = stages().into_iter().find(|s| s.name() == name)?;
-    let _reads = compact::ReadScope::enter();
+    let _reads = reads::ReadScope::enter();
     Some(StageCx::first_pass(env, original, |cx| {
         stage.apply(input, cx)
     }))

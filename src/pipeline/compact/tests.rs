@@ -194,39 +194,3 @@ fn a_catalog_too_long_for_its_stub_keeps_the_names_the_task_says() {
         "{blind}"
     );
 }
-
-#[test]
-fn a_small_result_is_read_once_per_rewrite_and_a_large_one_once_per_process() {
-    let memo = Memo::default();
-    let small = json!({"order_id": "#W1", "status": "pending"}).to_string();
-    let items: Vec<_> = (0..800)
-        .map(|i| json!({"item_id": i, "sku": "A"}))
-        .collect();
-    let large = serde_json::to_string(&items).unwrap();
-    assert!(small.len() < READ_MEMO_MIN_BYTES && large.len() >= READ_MEMO_MIN_BYTES);
-
-    // Outside a rewrite, a small result is read each time, and nothing stays in the memo.
-    let (a, b) = (read_result(&small, &memo), read_result(&small, &memo));
-    assert!(!Arc::ptr_eq(&a, &b));
-    assert_eq!(memo.bytes().0, 0);
-    let first = {
-        let _rewrite = ReadScope::enter();
-        let first = read_result(&small, &memo);
-        {
-            // A scope opened inside another (an earlier point's rewrite) shares its reads.
-            let _inner = ReadScope::enter();
-            assert!(Arc::ptr_eq(&first, &read_result(&small, &memo)));
-        }
-        assert!(Arc::ptr_eq(&first, &read_result(&small, &memo)));
-        assert!(first.tree().is_some());
-        first
-    };
-    // The scope's reads went with it.
-    assert!(!Arc::ptr_eq(&first, &read_result(&small, &memo)));
-    assert!(READS.with(|reads| reads.borrow().is_none()));
-    assert_eq!(memo.bytes().0, 0);
-
-    let kept = read_result(&large, &memo);
-    assert!(Arc::ptr_eq(&kept, &read_result(&large, &memo)));
-    assert!(memo.bytes().0 > large.len());
-}

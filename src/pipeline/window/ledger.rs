@@ -25,7 +25,7 @@ use crate::pipeline::identifiers::{
     render_labelled_once,
 };
 use crate::pipeline::memo::Memo;
-use crate::pipeline::payload::{self, Payload};
+use crate::pipeline::reads::{self, Read};
 use crate::tokens::TokenCounter;
 
 /// One source of identifiers.
@@ -412,9 +412,9 @@ impl Views<'_> {
                     json_identifiers(&tree, &mut out);
                     out
                 }
-                None => match payload::read(text) {
-                    Payload::Text(inner) => prose_identifiers(&inner),
-                    Payload::Tree(_) => Vec::new(),
+                None => match &*reads::read(text, self.memo) {
+                    Read::Text(inner) => prose_identifiers(inner.as_deref().unwrap_or(text)),
+                    Read::Tree(_) => Vec::new(),
                 },
             }
         })
@@ -441,7 +441,8 @@ impl Views<'_> {
     /// a Python literal, under any envelope: `payload`).
     fn skeleton(&self, text: &str) -> Option<Arc<Value>> {
         self.memo.skeleton(text_key(SKELETON_SEED, text), || {
-            payload::tree(text).map(|value| prune(&value).unwrap_or(Value::Null))
+            let read = reads::read(text, self.memo);
+            read.tree().map(|value| prune(value).unwrap_or(Value::Null))
         })
     }
 
