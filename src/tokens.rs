@@ -89,7 +89,7 @@ impl Encoding {
         let vocabulary = self.vocabulary();
         let mut tokens = Vec::new();
         pretokenize::for_each_piece(self, text, |piece| {
-            tokens.extend(vocabulary.encode_via_backtracking(piece.as_bytes()));
+            tokens.extend(vocabulary.encode_via_backtracking(piece));
         });
         tokens
     }
@@ -110,9 +110,9 @@ impl Encoding {
                 total += if piece.len() == 1 {
                     1 // every byte is a token
                 } else if piece.len() > PIECE_CACHE_MAX_BYTES {
-                    vocabulary.count(piece.as_bytes())
+                    vocabulary.count(piece)
                 } else {
-                    cache.count(piece, || vocabulary.count(piece.as_bytes()) as u32)
+                    cache.count(piece, || vocabulary.count(piece) as u32)
                 };
             });
             total
@@ -148,14 +148,14 @@ pub fn piece_cache_bytes_total() -> usize {
 #[derive(Default)]
 struct PieceCache {
     packed: HashMap<(u64, u64), u32, foldhash::fast::RandomState>,
-    long: HashMap<Box<str>, u32, foldhash::fast::RandomState>,
+    long: HashMap<Box<[u8]>, u32, foldhash::fast::RandomState>,
 }
 
 /// The longest piece kept packed: its bytes and its length fill two `u64`s.
 const PACKED_MAX_BYTES: usize = 15;
 /// What an entry costs: its slot in the table (key and count), and a long piece's boxed text.
 const PACKED_ENTRY_BYTES: usize = std::mem::size_of::<((u64, u64), u32)>() + 16;
-const LONG_ENTRY_BYTES: usize = std::mem::size_of::<(Box<str>, u32)>() + 16;
+const LONG_ENTRY_BYTES: usize = std::mem::size_of::<(Box<[u8]>, u32)>() + 16;
 
 impl PieceCache {
     fn len(&self) -> usize {
@@ -170,8 +170,8 @@ impl PieceCache {
     }
 
     /// The count of `piece`, from `count` the first time.
-    fn count(&mut self, piece: &str, count: impl FnOnce() -> u32) -> usize {
-        if let Some(key) = packed(piece.as_bytes()) {
+    fn count(&mut self, piece: &[u8], count: impl FnOnce() -> u32) -> usize {
+        if let Some(key) = packed(piece) {
             if let Some(&count) = self.packed.get(&key) {
                 return count as usize;
             }

@@ -66,22 +66,23 @@ thread_local! {
     static CACHES: RefCell<[Option<Cache>; 2]> = const { RefCell::new([None, None]) };
 }
 
-/// Calls `each` with every piece of `text` in order, as the encoding's tokenizer splits it.
-pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&str)) {
+/// Calls `each` with the bytes of every piece of `text` in order, as the encoding's tokenizer
+/// splits it (bytes: what the vocabulary reads, and no character boundary to check).
+pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&[u8])) {
     if text.is_ascii() {
-        ascii_pieces(encoding, text, &mut each);
+        ascii_pieces(encoding, text.as_bytes(), &mut each);
         return;
     }
     // Lines that are all ASCII are split by hand; the others word by word, the words that are
     // all ASCII by hand and the rest by the regex.
     for line in cut_at(text, piece_boundaries_after_line_breaks(text)) {
         if line.is_ascii() {
-            ascii_pieces(encoding, line, &mut each);
+            ascii_pieces(encoding, line.as_bytes(), &mut each);
             continue;
         }
         for word in cut_at(line, piece_boundaries_at_spaces(line)) {
             if word.is_ascii() {
-                ascii_pieces(encoding, word, &mut each);
+                ascii_pieces(encoding, word.as_bytes(), &mut each);
             } else {
                 regex_pieces(encoding, word, &mut each);
             }
@@ -118,12 +119,12 @@ fn cut_at<'t>(
     })
 }
 
-fn ascii_pieces(encoding: Encoding, text: &str, each: &mut impl FnMut(&str)) {
+fn ascii_pieces(encoding: Encoding, text: &[u8], each: &mut impl FnMut(&[u8])) {
     // One loop per encoding, each with its patterns' choices made at compile time.
-    fn pieces<const O200K_BASE: bool>(text: &str, each: &mut impl FnMut(&str)) {
+    fn pieces<const O200K_BASE: bool>(text: &[u8], each: &mut impl FnMut(&[u8])) {
         let mut last = 0;
         while last < text.len() {
-            let end = ascii_piece_end::<O200K_BASE>(text.as_bytes(), last);
+            let end = ascii_piece_end::<O200K_BASE>(text, last);
             each(&text[last..end]);
             last = end;
         }
@@ -300,7 +301,7 @@ fn contraction_len(text: &[u8], at: usize) -> usize {
 }
 
 /// The pieces as the regex finds them (any text).
-fn regex_pieces(encoding: Encoding, text: &str, mut each: impl FnMut(&str)) {
+fn regex_pieces(encoding: Encoding, text: &str, mut each: impl FnMut(&[u8])) {
     let patterns = patterns(encoding);
     CACHES.with_borrow_mut(|caches| {
         let cache = caches[encoding as usize].get_or_insert_with(|| patterns.regex.create_cache());
@@ -320,7 +321,7 @@ fn regex_pieces(encoding: Encoding, text: &str, mut each: impl FnMut(&str)) {
                 // Never the case with these patterns; stop rather than loop.
                 break;
             }
-            each(&text[last..end]);
+            each(text[last..end].as_bytes());
             last = end;
         }
     });
@@ -337,7 +338,7 @@ mod tests {
         let normalized = tokenizer.normalize(text);
         let mut total = 0;
         for_each_piece(encoding, normalized.as_str(), |piece| {
-            total += tokenizer.bpe.count(piece.as_bytes());
+            total += tokenizer.bpe.count(piece);
         });
         total
     }
@@ -368,20 +369,22 @@ mod tests {
     }
 
     /// A way of splitting text into pieces.
-    type Split = fn(Encoding, &str, &mut dyn FnMut(&str));
+    type Split = fn(Encoding, &str, &mut dyn FnMut(&[u8]));
 
     fn pieces(encoding: Encoding, text: &str, split: Split) -> Vec<String> {
         let mut pieces = Vec::new();
-        split(encoding, text, &mut |piece| pieces.push(piece.to_owned()));
+        split(encoding, text, &mut |piece| {
+            pieces.push(String::from_utf8(piece.to_vec()).expect("a piece is whole characters"))
+        });
         pieces
     }
 
-    fn by_hand(encoding: Encoding, text: &str, each: &mut dyn FnMut(&str)) {
+    fn by_hand(encoding: Encoding, text: &str, each: &mut dyn FnMut(&[u8])) {
         assert!(text.is_ascii());
         for_each_piece(encoding, text, each);
     }
 
-    fn by_regex(encoding: Encoding, text: &str, each: &mut dyn FnMut(&str)) {
+    fn by_regex(encoding: Encoding, text: &str, each: &mut dyn FnMut(&[u8])) {
         regex_pieces(encoding, text, each);
     }
 
@@ -416,7 +419,7 @@ mod tests {
         assert_splits_as_the_regex(&texts, by_hand);
     }
 
-    fn by_lines(encoding: Encoding, text: &str, each: &mut dyn FnMut(&str)) {
+    fn by_lines(encoding: Encoding, text: &str, each: &mut dyn FnMut(&[u8])) {
         for_each_piece(encoding, text, each);
     }
 
