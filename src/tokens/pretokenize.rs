@@ -321,7 +321,7 @@ fn regex_pieces(encoding: Encoding, text: &str, mut each: impl FnMut(&[u8])) {
                 // Never the case with these patterns; stop rather than loop.
                 break;
             }
-            each(text[last..end].as_bytes());
+            each(&text.as_bytes()[last..end]);
             last = end;
         }
     });
