@@ -144,7 +144,7 @@ pub fn piece_cache_bytes_total() -> usize {
 
 /// Token counts of pieces, one encoding's. A piece of at most `PACKED_MAX_BYTES` (most pieces:
 /// words, numbers, JSON punctuation) is keyed by its bytes read as two numbers (`packed`), which
-/// hash and compare without reading the text again; a longer one by its text.
+/// hash and compare without reading the text again; a longer one by its bytes.
 #[derive(Default)]
 struct PieceCache {
     packed: HashMap<(u64, u64), u32, foldhash::fast::RandomState>,

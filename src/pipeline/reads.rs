@@ -1,7 +1,7 @@
 //! A tool result's content under its envelopes (`payload::read`), read once and shared by
 //! every stage that reads it: the ledger's identifiers, and each form the compaction makes
-//! (stub, cuts at each budget step, working-set form). Parsing a large result is the costliest
-//! step of a cold request; each parse is done once per rewrite, or once per process for a large one.
+//! (stub, cuts at each budget step, working-set form). Parsing a large result is among the
+//! costliest steps of a cold request: it is done once per rewrite, once per process when large.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;

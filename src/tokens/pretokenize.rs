@@ -241,10 +241,14 @@ fn run(text: &[u8], mut from: usize, classes: u8) -> usize {
     from
 }
 
-/// The classes of ASCII characters that the split patterns tell apart, bits of [`CLASSES`].
+// The classes of ASCII characters that the split patterns tell apart, bits of [`CLASSES`].
+/// `[A-Z]`.
 const UPPER: u8 = 1;
+/// `[a-z]`.
 const LOWER: u8 = 1 << 1;
+/// `\p{L}` in ASCII.
 const LETTER: u8 = UPPER | LOWER;
+/// `\p{N}` in ASCII.
 const DIGIT: u8 = 1 << 2;
 /// `\s` in ASCII (Unicode's White_Space).
 const SPACE: u8 = 1 << 3;
