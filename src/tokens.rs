@@ -107,12 +107,11 @@ impl Encoding {
             }
             let mut total = 0;
             pretokenize::for_each_piece(self, text, |piece| {
-                total += if piece.len() == 1 {
-                    1 // every byte is a token
-                } else if piece.len() > PIECE_CACHE_MAX_BYTES {
-                    vocabulary.count(piece)
-                } else {
-                    cache.count(piece, || vocabulary.count(piece) as u32)
+                total += match piece.len() {
+                    1 => 1, // every byte is a token
+                    2 => cache.pair(piece[0], piece[1], || vocabulary.count(piece)),
+                    n if n > PIECE_CACHE_MAX_BYTES => vocabulary.count(piece),
+                    _ => cache.count(piece, || vocabulary.count(piece) as u32),
                 };
             });
             total
@@ -149,7 +148,13 @@ pub fn piece_cache_bytes_total() -> usize {
 struct PieceCache {
     packed: HashMap<(u64, u64), u32, foldhash::fast::RandomState>,
     long: HashMap<Box<[u8]>, u32, foldhash::fast::RandomState>,
+    /// The counts of two-byte pieces (`":`, `id`, `12`: many of JSON's pieces), by their bytes;
+    /// 0 for one not counted yet. Made on the first such piece.
+    pairs: Option<Box<[u8]>>,
 }
+
+/// Two-byte pieces: every pair of bytes.
+const PAIRS: usize = 1 << 16;
 
 /// The longest piece kept packed: its bytes and its length fill two `u64`s.
 const PACKED_MAX_BYTES: usize = 15;
@@ -163,10 +168,25 @@ impl PieceCache {
     }
 
     fn bytes(&self) -> usize {
-        self.packed.len() * PACKED_ENTRY_BYTES
+        self.pairs.as_ref().map_or(0, |_| PAIRS)
+            + self.packed.len() * PACKED_ENTRY_BYTES
             + (self.long.keys())
                 .map(|k| LONG_ENTRY_BYTES + k.len())
                 .sum::<usize>()
+    }
+
+    /// The count of the two-byte piece `first second` (1 or 2), from `count` the first time.
+    fn pair(&mut self, first: u8, second: u8, count: impl FnOnce() -> usize) -> usize {
+        let pairs = self.pairs.get_or_insert_with(|| {
+            PIECE_CACHE_BYTES.fetch_add(PAIRS, Ordering::Relaxed);
+            vec![0; PAIRS].into_boxed_slice()
+        });
+        let slot = &mut pairs[usize::from(first) << 8 | usize::from(second)];
+        if *slot == 0 {
+            // A piece of two bytes is one token or two.
+            *slot = count() as u8;
+        }
+        usize::from(*slot)
     }
 
     /// The count of `piece`, from `count` the first time.
@@ -690,6 +710,24 @@ mod tests {
                         reference(encoding).count(text),
                         "{text}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_two_byte_piece_counts_as_the_tokenizer_counts_it() {
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for _ in 0..2 {
+                for first in b' '..=b'~' {
+                    for second in b' '..=b'~' {
+                        let text = String::from_utf8(vec![first, second]).unwrap();
+                        assert_eq!(
+                            encoding.count(&text),
+                            reference(encoding).count(&text),
+                            "{text}"
+                        );
+                    }
                 }
             }
         }
