@@ -741,7 +741,7 @@ fn with_handle(stub: &str, handle: &str) -> String {
 
 /// At most `max_chars` characters, cut at whitespace, with ` …` when cut.
 fn cut_at_whitespace(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
+    if text.len() <= max_chars || text.chars().count() <= max_chars {
         return text.to_owned();
     }
     let limit = text
@@ -838,7 +838,7 @@ fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
             let keep = rules.keep;
             let has_identifying =
                 keep.is_some_and(|keep| map.keys().any(|k| keep.contains(k.as_str())));
-            let mut out = Map::new();
+            let mut out = Map::with_capacity(map.len());
             for (key, field) in map {
                 if is_empty(field) {
                     continue;
@@ -890,7 +890,9 @@ fn compact_inner(value: &Value, rules: &Rules<'_>, ids_only: bool) -> Value {
         }
         scalar if ids_only => scalar_identifier(scalar).map_or(Value::Null, |_| scalar.clone()),
         Value::String(s)
-            if s.chars().count() > rules.max_string_chars && s.contains(char::is_whitespace) =>
+            if s.len() > rules.max_string_chars
+                && s.chars().count() > rules.max_string_chars
+                && s.contains(char::is_whitespace) =>
         {
             let mut cut = cut_at_whitespace(s, rules.max_string_chars);
             if rules.keep_cut_identifiers {
