@@ -38,6 +38,8 @@ const CACHE_BYTES: usize = 8 * 1024 * 1024;
 const LONG_TEXT_BYTES: usize = 512;
 /// A long text is counted in parts of at least this many bytes (`pretokenize::parts`).
 const PART_BYTES: usize = 2048;
+/// `fits` counts an uncached part a chunk of about this many bytes at a time.
+const FITS_CHUNK_BYTES: usize = 512;
 /// An instruction text is counted in smaller parts: the summary section the window stage
 /// writes in it changes by a few lines from pass to pass and point to point.
 const INSTRUCTION_PART_BYTES: usize = 256;
@@ -381,10 +383,49 @@ impl TokenCounter {
     }
 
     fn text_cached(&self, text: &str) -> usize {
+        self.cached(self.text_key(text), || self.encoding.count(text))
+    }
+
+    fn text_key(&self, text: &str) -> u64 {
         let mut hasher = foldhash::quality::FixedState::with_seed(TEXT_SEED).build_hasher();
         self.encoding.hash(&mut hasher);
         text.hash(&mut hasher);
-        self.cached(hasher.finish(), || self.encoding.count(text))
+        hasher.finish()
+    }
+
+    /// Whether `text` counts at most `max_tokens` (`text(text) <= max_tokens`), counted only
+    /// until it is known: a compaction or a stub tried before a tighter one is often many
+    /// times over, and is not counted to its end. The parts `text` caches are read from the
+    /// cache, and kept there when counted whole.
+    pub fn fits(&self, text: &str, max_tokens: usize) -> bool {
+        if text.len() < LONG_TEXT_BYTES {
+            return self.text(text) <= max_tokens;
+        }
+        let mut left = max_tokens;
+        let mut part_fits = |part: &str| {
+            let key = self.text_key(part);
+            let tokens = match self.cache.get(&key) {
+                Some(tokens) => tokens,
+                None => {
+                    let mut tokens = 0;
+                    for chunk in pretokenize::chunks_at_spaces(part, FITS_CHUNK_BYTES) {
+                        tokens += self.encoding.count(chunk);
+                        if tokens > left {
+                            return false;
+                        }
+                    }
+                    self.cache.insert(key, tokens, 0);
+                    tokens
+                }
+            };
+            left.checked_sub(tokens).map(|l| left = l).is_some()
+        };
+        // The parts `text_recurring` counts.
+        if text.len() < 2 * PART_BYTES {
+            part_fits(text)
+        } else {
+            pretokenize::parts(text, PART_BYTES).all(part_fits)
+        }
     }
 
     /// The tokens of a whole request: messages, reply priming and tool definitions.
@@ -728,6 +769,41 @@ mod tests {
                             "{text}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_text_fits_exactly_when_its_count_is_within_the_limit() {
+        let row = |k: usize| {
+            format!(
+                r#"{{"id":{k},"title":"Fix  the parser's   edge case #{k}","user":"octo cat","labels":["bug","p{k}"],"body":"Steps:\n1. run it\n2. see"}}"#
+            )
+        };
+        let json = format!("[{}]", (0..90).map(row).collect::<Vec<_>>().join(","));
+        let texts = [
+            json.clone(),
+            json[..1_500].to_owned(),
+            "no spaces at all,".repeat(300),
+            "Lines of prose, some  with double spaces.\n  And indents \r\n".repeat(120),
+            "¿Dónde está? Ñandú, café, 東京 🚀 ".repeat(80),
+            "short".to_owned(),
+        ];
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for text in &texts {
+                let tokens = reference(encoding).count(text.as_str());
+                let chunks: usize = pretokenize::chunks_at_spaces(text, FITS_CHUNK_BYTES)
+                    .map(|chunk| reference(encoding).count(chunk))
+                    .sum();
+                assert_eq!(chunks, tokens, "the chunks of {text}");
+                for limit in [0, tokens / 3, tokens - 1, tokens, tokens + 1, 10 * tokens] {
+                    // A fresh cache, then one holding the parts counted whole.
+                    let counter = TokenCounter::new(encoding);
+                    assert_eq!(counter.fits(text, limit), tokens <= limit, "{limit} {text}");
+                    assert_eq!(counter.fits(text, limit), tokens <= limit, "{limit} {text}");
+                    assert_eq!(counter.text(text), tokens);
+                    assert_eq!(counter.fits(text, limit), tokens <= limit, "{limit} {text}");
                 }
             }
         }

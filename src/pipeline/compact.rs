@@ -654,7 +654,7 @@ fn cut_stub(
         for cut in listing::cut_to_task(value, task) {
             held = render_labelled_once(&cut, &|_| false);
             let out = format!("{} {held} …]", cut_stub_start(label));
-            if counter.text(&out) <= max_tokens {
+            if counter.fits(&out, max_tokens) {
                 return out;
             }
         }
@@ -701,7 +701,7 @@ fn start_of_stub(
         ));
     }
     let out = format!("[{label} result cleared; it held: {held}]");
-    if counter.text(&out) <= max_tokens {
+    if counter.fits(&out, max_tokens) {
         return StubStart::Whole(out);
     }
     StubStart::TooLong {
@@ -726,7 +726,7 @@ fn cut_to_fit(label: &str, held: &str, max_tokens: usize, counter: &TokenCounter
             .next()
             .unwrap_or(0);
         out = format!("{} {} …]", cut_stub_start(label), &held[..cut]);
-        if cut == 0 || counter.text(&out) <= max_tokens {
+        if cut == 0 || counter.fits(&out, max_tokens) {
             return out;
         }
         limit = cut * 9 / 10;
@@ -795,7 +795,7 @@ fn compact_json_to_fit(
         let compacted = compact_value(value, &rules);
         let longest = longest_list(&compacted);
         let text = serde_json::to_string(&tabulated(compacted)).unwrap_or_default();
-        if counter.text(&text) <= max_tokens || longest <= 1 || rules.list_cap == 1 {
+        if longest <= 1 || rules.list_cap == 1 || counter.fits(&text, max_tokens) {
             return text;
         }
         rules.list_cap = (longest.min(rules.list_cap) / 2).max(1);

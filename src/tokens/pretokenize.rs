@@ -95,15 +95,30 @@ pub fn for_each_piece(encoding: Encoding, text: &str, mut each: impl FnMut(&[u8]
 /// The tokens of `text` are the sum of its parts' tokens, and two texts that start alike are cut
 /// alike up to where they differ.
 pub fn parts(text: &str, min_bytes: usize) -> impl Iterator<Item = &str> + '_ {
+    cut_at(
+        text,
+        apart(piece_boundaries_after_line_breaks(text), min_bytes),
+    )
+}
+
+/// `text` cut at spaces where both encodings always start a piece (see
+/// [`piece_boundaries_at_spaces`]), every chunk but the last at least `min_bytes` long: the
+/// tokens of `text` are the sum of its chunks' tokens. Minified JSON, one part for `parts`, has
+/// spaces in its strings.
+pub fn chunks_at_spaces(text: &str, min_bytes: usize) -> impl Iterator<Item = &str> + '_ {
+    cut_at(text, apart(piece_boundaries_at_spaces(text), min_bytes))
+}
+
+/// The `boundaries` at least `min_bytes` after the one kept before (or the start).
+fn apart(boundaries: impl Iterator<Item = usize>, min_bytes: usize) -> impl Iterator<Item = usize> {
     let mut last = 0;
-    let boundaries = piece_boundaries_after_line_breaks(text).filter(move |&at| {
+    boundaries.filter(move |&at| {
         let far_enough = at - last >= min_bytes;
         if far_enough {
             last = at;
         }
         far_enough
-    });
-    cut_at(text, boundaries)
+    })
 }
 
 /// `text` cut at `boundaries` (increasing positions inside it).
