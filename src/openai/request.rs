@@ -419,7 +419,7 @@ pub struct Tool {
 pub struct FunctionDefinition {
     pub name: String,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
-    pub description: Nullable<String>,
+    pub description: Nullable<SharedText>,
     /// JSON Schema of the arguments, shared: a request's tools are copied per stage and per
     /// point of its history, and a schema is the deepest part of them.
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]

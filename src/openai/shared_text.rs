@@ -1,7 +1,8 @@
-//! A message's text, shared instead of copied: every stage, budget step and earlier point of a
-//! conversation works on copies of the client's messages, and a copy of a 30 KB tool result
-//! should cost a reference count, not 30 KB. The text's digest is taken once, when it is made:
-//! the memo and token-cache keys of its message read it instead of hashing the text again.
+//! A message's text (and a tool's description), shared instead of copied: every stage, budget
+//! step and earlier point of a conversation works on copies of the client's messages and tools,
+//! and a copy of a 30 KB tool result should cost a reference count, not 30 KB. The text's digest
+//! is taken once, when it is made: the memo and token-cache keys of its message or tool read it
+//! instead of hashing the text again (a request's tool block is keyed at every count of it).
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -9,6 +10,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use foldhash::quality::FixedState;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 const DIGEST_SEED: u64 = 0x7465_7874_0001;
 
@@ -98,6 +100,18 @@ impl PartialEq<str> for SharedText {
 impl PartialEq<&str> for SharedText {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
+    }
+}
+
+impl Serialize for SharedText {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(SharedText::from)
     }
 }
 

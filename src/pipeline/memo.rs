@@ -233,7 +233,7 @@ fn tool_bytes(tool: &crate::openai::Tool) -> usize {
     };
     let function = tool.function.as_ref().map_or(0, |f| {
         f.name.len()
-            + f.description.get().map_or(0, String::len)
+            + f.description.get().map_or(0, |d| d.len())
             + f.parameters.get().map_or(0, |p| value_bytes(p.value()))
             + extra(&f.extra)
     });

@@ -797,7 +797,8 @@ fn hash_block(tools: &Nullable<Vec<Tool>>, hasher: &mut impl Hasher) {
         };
         1u8.hash(hasher);
         function.name.hash(hasher);
-        nullable_hash(&function.description, hasher, |d, h| d.hash(h));
+        // The text, not its digest: what the store keeps is digested as before.
+        nullable_hash(&function.description, hasher, |d, h| d.as_str().hash(h));
         nullable_hash(&function.parameters, hasher, |p, h| {
             p.content_hash().hash(h)
         });

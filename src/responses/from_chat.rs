@@ -356,7 +356,7 @@ fn flat_tool(tool: &Tool) -> Value {
         };
         put(
             "description",
-            nullable_value(&function.description, |d| Value::String(d.clone())),
+            nullable_value(&function.description, |d| Value::String(d.to_string())),
         );
         put(
             "parameters",

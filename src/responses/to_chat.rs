@@ -13,7 +13,7 @@ use super::{ResponsesBody, invalid, is_chained};
 use crate::error::ProxyError;
 use crate::openai::{
     ChatRequest, Content, ContentPart, Extra, FunctionCall, FunctionDefinition, Message, Nullable,
-    Role, Schema, Tool, ToolCall,
+    Role, Schema, SharedText, Tool, ToolCall,
 };
 
 /// Fields of a Responses body the conversion reads or writes; the others ride along in the chat
@@ -774,11 +774,11 @@ fn tools_of(body: &mut ResponsesBody) -> Result<Option<Vec<ClientTool>>, ProxyEr
     Ok(Some(read))
 }
 
-fn nullable(value: Option<Value>) -> Result<Nullable<String>, ()> {
+fn nullable(value: Option<Value>) -> Result<Nullable<SharedText>, ()> {
     match value {
         None => Ok(Nullable::Absent),
         Some(Value::Null) => Ok(Nullable::Null),
-        Some(Value::String(text)) => Ok(Nullable::Value(text)),
+        Some(Value::String(text)) => Ok(Nullable::Value(SharedText::from(text))),
         Some(_) => Err(()),
     }
 }

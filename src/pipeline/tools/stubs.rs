@@ -8,7 +8,7 @@ use std::sync::Arc;
 use foldhash::quality::FixedState;
 use serde_json::json;
 
-use crate::openai::{FunctionDefinition, Nullable, Schema, Tool};
+use crate::openai::{FunctionDefinition, Nullable, Schema, SharedText, Tool};
 use crate::pipeline::memo::Memo;
 use crate::tokens::TokenCounter;
 
@@ -52,7 +52,7 @@ pub fn stub(tool: &Tool, max_tokens: usize, counter: &TokenCounter, memo: &Memo)
             name: function.name.clone(),
             description: description
                 .filter(|d| !d.is_empty())
-                .map_or(Nullable::Absent, |d| Nullable::Value(d.to_string())),
+                .map_or(Nullable::Absent, |d| Nullable::Value(SharedText::from(&*d))),
             parameters: Nullable::Value(Arc::new(Schema::new(
                 json!({"type": "object", "properties": {}}),
             ))),
