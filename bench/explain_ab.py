@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whether two builds send the same thing upstream: every recorded request, explained by both.
 
-    python3 bench/explain_ab.py OLD_BIN NEW_BIN            # every data file (~5 minutes)
+    python3 bench/explain_ab.py OLD_BIN NEW_BIN            # every data file (under a minute)
     python3 bench/explain_ab.py OLD_BIN NEW_BIN --limit 50 # the first 50 requests of each
 
 A change meant to make the proxy faster must leave what it sends as it was (issue 34: "outputs
@@ -12,9 +12,8 @@ same state from request to request (a sticky replica's: what it memoized of a co
 shapes the next turn's rewrite). The order: every file as recorded, then each file as Responses
 API bodies (../shared/tools/convert_responses.py; tau2 dev also with --reasoning), then the tau2
 dev, MCP agent and airline files reversed (each conversation's later turns before its earlier
-ones: a replica that never saw the start). Each answer is compared as JSON, less what differs
-from run to run (`id`, `created`, every `*_ms` field, and `whole_tokens` with --lenient, the
-count of a rewrite a build may skip).
+ones: a replica that never saw the start). Each answer (the request as it would be sent, and
+every stage's report) is compared byte for byte.
 
 Prints the number of answers and of those that differ, and the first differences (the request,
 the JSON path, both values); exits 1 when any differs, 2 when a process fails.
@@ -25,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 from procs import fail, free_port, wait_ready
@@ -35,7 +35,6 @@ CONVERT = os.path.join(ROOT, "..", "shared", "tools", "convert_responses.py")
 CONFIG = os.environ.get("BENCH_CONFIG") or os.path.join(ROOT, "config.toml")
 REVERSED = ["tau2_bench_dev.jsonl", "mcpmark_mcp_agent_trajectories.jsonl",
             "tau_bench_airline_gpt4o.jsonl"]
-VOLATILE = {"id", "created"}
 
 
 def start(binary, logdir, name):
@@ -43,32 +42,34 @@ def start(binary, logdir, name):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
     env.update(CTXPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{free_port()}/v1",
                CTXPROXY_STORE_BACKEND="memory", CTXPROXY_LOG_LEVEL="warn")
-    log = open(os.path.join(logdir, f"{name}.log"), "w")
-    proc = subprocess.Popen([binary, "serve", "--config", CONFIG, "--listen",
-                             f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_ready(port, "/healthz", proc, f"{name} ({binary})")
-    return proc, http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    with open(os.path.join(logdir, f"{name}.log"), "w") as log:
+        proc = subprocess.Popen([binary, "serve", "--config", CONFIG, "--listen",
+                                 f"127.0.0.1:{port}"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    return proc, port
 
 
 def explain(conn, body):
-    conn.request("POST", "/v1/ctxproxy/explain", body=body,
-                 headers={"Content-Type": "application/json"})
-    answer = conn.getresponse()
-    data = answer.read()
+    """The status and bytes of the explain answer; one retry on a connection the server closed
+    while idle (a file converted between two requests)."""
+    for attempt in (0, 1):
+        try:
+            conn.request("POST", "/v1/ctxproxy/explain", body=body,
+                         headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            return answer.status, answer.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            conn.close()
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def parsed(data):
     try:
-        return answer.status, json.loads(data)
+        return json.loads(data)
     except ValueError:
-        return answer.status, data.decode("utf-8", "replace")
-
-
-def scrub(value, lenient):
-    if isinstance(value, dict):
-        return {k: scrub(v, lenient) for k, v in value.items()
-                if k not in VOLATILE and not k.endswith("_ms")
-                and not (lenient and k == "whole_tokens")}
-    if isinstance(value, list):
-        return [scrub(v, lenient) for v in value]
-    return value
+        return data.decode("utf-8", "replace")
 
 
 def first_difference(a, b, path="$"):
@@ -119,42 +120,56 @@ def sources(workdir, limit):
             yield f"{name} reversed", lines(os.path.join(DATA, name), limit, reverse=True)
 
 
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("old")
     parser.add_argument("new")
     parser.add_argument("--limit", type=int, default=0, help="the first N requests of each file")
-    parser.add_argument("--lenient", action="store_true", help="ignore `whole_tokens`")
     parser.add_argument("--show", type=int, default=5, help="differences printed")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="explain-ab-") as workdir:
-        procs = [start(args.old, workdir, "old"), start(args.new, workdir, "new")]
-        answers = differ = 0
-        try:
-            for label, bodies in sources(workdir, args.limit):
-                file_differ = 0
-                for index, body in enumerate(bodies):
-                    for proc, _ in procs:
-                        if proc.poll() is not None:
-                            fail(f"a proxy exited with {proc.returncode} ({workdir})")
-                    (old_status, old), (new_status, new) = (explain(c, body) for _, c in procs)
-                    answers += 1
-                    found = first_difference(
-                        [old_status, scrub(old, args.lenient)],
-                        [new_status, scrub(new, args.lenient)])
-                    if found:
-                        differ += 1
-                        file_differ += 1
-                        if differ <= args.show:
-                            path, a, b = found
-                            print(f"  {label} #{index}: {path}: {json.dumps(a)[:200]} "
-                                  f"-> {json.dumps(b)[:200]}")
-                print(f"{label}: {len(bodies)} answers, {file_differ} differ", flush=True)
-        finally:
-            for proc, conn in procs:
-                conn.close()
-                proc.terminate()
-                proc.wait()
+    workdir = tempfile.mkdtemp(prefix="explain-ab-")
+    procs = []
+    answers = differ = 0
+    try:
+        for binary, name in ((args.old, "old"), (args.new, "new")):
+            proc, port = start(binary, workdir, name)
+            procs.append((proc, port))
+            wait_ready(port, "/healthz", proc, f"{name} ({binary})")
+        conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+                 for _, port in procs]
+        for label, bodies in sources(workdir, args.limit):
+            file_differ = 0
+            for index, body in enumerate(bodies):
+                (old_status, old), (new_status, new) = (
+                    explain(conn, body) for conn in conns)
+                answers += 1
+                if (old_status, old) == (new_status, new):
+                    continue
+                differ += 1
+                file_differ += 1
+                if differ <= args.show:
+                    found = first_difference([old_status, parsed(old)], [new_status, parsed(new)])
+                    path, a, b = found or ("$ (bytes only: the same JSON written otherwise)",
+                                           len(old), len(new))
+                    print(f"  {label} #{index}: {path}: {json.dumps(a)[:200]} "
+                          f"-> {json.dumps(b)[:200]}")
+            print(f"{label}: {len(bodies)} answers, {file_differ} differ", flush=True)
+    except (OSError, http.client.HTTPException, subprocess.CalledProcessError) as error:
+        exited = [p.returncode for p, _ in procs if p.poll() is not None]
+        fail(f"{error!r} (proxies exited: {exited}; logs in {workdir})")
+    finally:
+        for proc, _ in procs:
+            stop(proc)
+    shutil.rmtree(workdir, ignore_errors=True)
     print(f"{answers} explain answers, {differ} differ")
     sys.exit(1 if differ else 0)
 
