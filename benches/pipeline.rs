@@ -9,6 +9,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+
+// The allocator the binary runs with (src/main.rs): a rewrite allocates much, and the system's
+// allocator would time another program.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ctxproxy::openai::ChatRequest;
 use ctxproxy::pipeline::{self, Memo, PipelineConfig};
 use ctxproxy::synthetic;

@@ -4,6 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+
+// The allocator the binary runs with (src/main.rs), so that the times are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ctxproxy::tokens::{Encoding, TokenCounter};
 use serde_json::json;
 

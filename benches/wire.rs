@@ -3,6 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+// The allocator the binary runs with (src/main.rs), so that the times are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use ctxproxy::openai::ChatRequest;
 use ctxproxy::responses;
 use serde_json::{Value, json};
