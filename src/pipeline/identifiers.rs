@@ -64,30 +64,34 @@ struct Tally {
 impl Tally {
     fn of(value: &str, ascii: bool) -> Tally {
         let mut tally = Tally::default();
-        let mut in_word = false;
-        let mut add = |white: bool, digit: bool, letter: bool, at: bool| {
-            if white {
-                tally.space = true;
-                in_word = false;
-            } else if !in_word {
-                tally.words += 1;
-                in_word = true;
-            }
-            tally.digits += usize::from(digit);
-            tally.letters += usize::from(letter);
-            tally.at |= at;
-        };
         if ascii {
+            // One table read a byte, and no branch: most values are ASCII, and a large tool
+            // result has thousands of them (paths, hashes, URLs), each read at every use.
+            let mut after_white = true;
             for &b in value.as_bytes() {
-                // `char::is_whitespace` on ASCII: tab to carriage return (vertical tab too), space.
-                add(
-                    matches!(b, b'\t'..=b'\r' | b' '),
-                    b.is_ascii_digit(),
-                    b.is_ascii_alphabetic(),
-                    b == b'@',
-                );
+                let class = BYTE_CLASSES[usize::from(b & 0x7f)];
+                let white = class & WHITE != 0;
+                tally.words += usize::from(after_white && !white);
+                after_white = white;
+                tally.space |= white;
+                tally.digits += usize::from(class & DIGIT != 0);
+                tally.letters += usize::from(class & LETTER != 0);
+                tally.at |= class & AT != 0;
             }
         } else {
+            let mut in_word = false;
+            let mut add = |white: bool, digit: bool, letter: bool, at: bool| {
+                if white {
+                    tally.space = true;
+                    in_word = false;
+                } else if !in_word {
+                    tally.words += 1;
+                    in_word = true;
+                }
+                tally.digits += usize::from(digit);
+                tally.letters += usize::from(letter);
+                tally.at |= at;
+            };
             for c in value.chars() {
                 add(
                     c.is_whitespace(),
@@ -100,6 +104,35 @@ impl Tally {
         tally
     }
 }
+
+// The classes of ASCII bytes the identifier rules count, bits of `BYTE_CLASSES`.
+/// `char::is_whitespace` on ASCII: tab to carriage return (vertical tab too), space.
+const WHITE: u8 = 1;
+const DIGIT: u8 = 1 << 1;
+const LETTER: u8 = 1 << 2;
+const AT: u8 = 1 << 3;
+
+/// Each ASCII byte's classes.
+const BYTE_CLASSES: [u8; 128] = {
+    let mut table = [0; 128];
+    let mut b = 0;
+    while b < 128 {
+        let byte = b as u8;
+        table[b] = if matches!(byte, b'\t'..=b'\r' | b' ') {
+            WHITE
+        } else if byte.is_ascii_digit() {
+            DIGIT
+        } else if byte.is_ascii_alphabetic() {
+            LETTER
+        } else if byte == b'@' {
+            AT
+        } else {
+            0
+        };
+        b += 1;
+    }
+    table
+};
 
 /// A proper name: one to four capitalized words ("Action Camera", "Daiki", "USA").
 fn is_name(value: &str) -> bool {
