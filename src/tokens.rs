@@ -324,6 +324,17 @@ pub struct TokenCounter {
     cache: SharedLru<u64, usize>,
 }
 
+/// The parts of at least `part_bytes` that a long text is counted and cached in
+/// (`pretokenize::parts`), or the whole text when it is shorter than two.
+fn cached_parts(text: &str, part_bytes: usize) -> impl Iterator<Item = &str> {
+    let whole = text.len() < 2 * part_bytes;
+    let long = (!whole).then(|| pretokenize::parts(text, part_bytes));
+    whole
+        .then_some(text)
+        .into_iter()
+        .chain(long.into_iter().flatten())
+}
+
 impl TokenCounter {
     pub fn new(encoding: Encoding) -> Self {
         TokenCounter::bounded(encoding, CACHE_BYTES, None)
@@ -374,10 +385,7 @@ impl TokenCounter {
         if text.is_empty() {
             return 0;
         }
-        if text.len() < 2 * part_bytes {
-            return self.text_cached(text);
-        }
-        pretokenize::parts(text, part_bytes)
+        cached_parts(text, part_bytes)
             .map(|part| self.text_cached(part))
             .sum()
     }
@@ -402,7 +410,7 @@ impl TokenCounter {
             return self.text(text) <= max_tokens;
         }
         let mut left = max_tokens;
-        let mut part_fits = |part: &str| {
+        let part_fits = |part: &str| {
             let key = self.text_key(part);
             let tokens = match self.cache.get(&key) {
                 Some(tokens) => tokens,
@@ -420,12 +428,7 @@ impl TokenCounter {
             };
             left.checked_sub(tokens).map(|l| left = l).is_some()
         };
-        // The parts `text_recurring` counts.
-        if text.len() < 2 * PART_BYTES {
-            part_fits(text)
-        } else {
-            pretokenize::parts(text, PART_BYTES).all(part_fits)
-        }
+        cached_parts(text, PART_BYTES).all(part_fits)
     }
 
     /// The tokens of a whole request: messages, reply priming and tool definitions.
