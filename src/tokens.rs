@@ -134,11 +134,12 @@ fn reference(encoding: Encoding) -> &'static bpe_openai::Tokenizer {
 const PIECE_CACHE_MAX_BYTES: usize = 24;
 /// Entries per thread and encoding before the piece cache is cleared (~3 MB).
 const PIECE_CACHE_CAPACITY: usize = 50_000;
-/// Bytes held by the piece caches of every thread.
+/// Bytes held by the piece caches and the recent counts of every thread.
 static PIECE_CACHE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes held by the piece caches of every thread (bounded: `PIECE_CACHE_CAPACITY` pieces per
-/// thread and encoding, each at most `PIECE_CACHE_MAX_BYTES` long).
+/// thread and encoding, each at most `PIECE_CACHE_MAX_BYTES` long), and by their recent counts
+/// (`RECENT_SLOTS` each).
 pub fn piece_cache_bytes_total() -> usize {
     PIECE_CACHE_BYTES.load(Ordering::Relaxed)
 }
@@ -260,6 +261,55 @@ impl Drop for PieceCaches {
 thread_local! {
     /// Token counts of pre-tokenized pieces, one map per encoding.
     static PIECE_COUNTS: std::cell::RefCell<PieceCaches> = Default::default();
+}
+
+/// Slots of a thread's recent counts: a count is looked up at every stage and point of a
+/// request, and the shared cache takes a lock per lookup.
+const RECENT_SLOTS: usize = 4096;
+
+thread_local! {
+    /// Recent counts by key, one slot per key's low bits: `(key, count + 1)`, 0 for an empty
+    /// slot. A key digests what is counted (its encoding among it), so a count read here is the
+    /// count the shared cache holds or would make.
+    static RECENT_COUNTS: std::cell::RefCell<RecentCounts> = Default::default();
+}
+
+/// A thread's recent counts, made on first use; their bytes are counted with the piece caches'.
+#[derive(Default)]
+struct RecentCounts(Option<Box<[(u64, u32)]>>);
+
+impl Drop for RecentCounts {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            PIECE_CACHE_BYTES.fetch_sub(RECENT_BYTES, Ordering::Relaxed);
+        }
+    }
+}
+
+const RECENT_BYTES: usize = RECENT_SLOTS * std::mem::size_of::<(u64, u32)>();
+
+fn recent_slot(key: u64) -> usize {
+    (key as usize) & (RECENT_SLOTS - 1)
+}
+
+fn recent_count(key: u64) -> Option<usize> {
+    RECENT_COUNTS.with_borrow(|recent| {
+        let (slot_key, count) = recent.0.as_ref()?[recent_slot(key)];
+        (slot_key == key && count > 0).then(|| count as usize - 1)
+    })
+}
+
+fn keep_recent_count(key: u64, count: usize) {
+    let Ok(count) = u32::try_from(count + 1) else {
+        return;
+    };
+    RECENT_COUNTS.with_borrow_mut(|recent| {
+        let slots = recent.0.get_or_insert_with(|| {
+            PIECE_CACHE_BYTES.fetch_add(RECENT_BYTES, Ordering::Relaxed);
+            vec![(0, 0); RECENT_SLOTS].into_boxed_slice()
+        });
+        slots[recent_slot(key)] = (key, count);
+    });
 }
 
 /// One counter per encoding, shared by all requests.
@@ -451,9 +501,15 @@ impl TokenCounter {
         self.cached(key, || self.count_message(message))
     }
 
-    /// The count for `key`, computed by `count` on a miss.
+    /// The count for `key`, computed by `count` on a miss: read first from this thread's
+    /// recent counts (no lock), then from the shared cache.
     fn cached(&self, key: u64, count: impl FnOnce() -> usize) -> usize {
-        self.cache.get_or_make(key, count, |_| 0)
+        if let Some(count) = recent_count(key) {
+            return count;
+        }
+        let count = self.cache.get_or_make(key, count, |_| 0);
+        keep_recent_count(key, count);
+        count
     }
 
     fn count_message(&self, message: &Message) -> usize {
@@ -734,6 +790,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn recent_counts_are_each_encodings_own() {
+        // One thread counts the same message and text with both encodings, alternately: each
+        // read from the recent counts must be the encoding's own count.
+        let text = "Ñandú 東京 ".repeat(200);
+        let message = Message::text(Role::User, text.clone());
+        let counters = [
+            TokenCounter::new(Encoding::O200kBase),
+            TokenCounter::new(Encoding::Cl100kBase),
+        ];
+        for _ in 0..3 {
+            for counter in &counters {
+                let reference = reference(counter.encoding());
+                assert_eq!(counter.text(&text), reference.count(&text));
+                assert_eq!(
+                    counter.message(&message),
+                    TOKENS_PER_MESSAGE + reference.count("user") + reference.count(&text)
+                );
+            }
+        }
+        assert_ne!(counters[0].text(&text), counters[1].text(&text));
     }
 
     #[test]

@@ -465,11 +465,6 @@ pub(super) fn later_needs(
                 }
             }
             Role::Assistant => {
-                let called: BTreeSet<String> = message
-                    .tool_calls()
-                    .iter()
-                    .map(|c| c.function.name.clone())
-                    .collect();
                 if index >= first {
                     let after_tool = index
                         .checked_sub(1)
@@ -478,7 +473,14 @@ pub(super) fn later_needs(
                     if after_tool && words.is_some() {
                         push(index, false, loop_needs(&loop_categories));
                     }
-                    push(index, true, called.iter().cloned().collect());
+                    // The names called, sorted and once each (this runs for every message of
+                    // every point a cold request decides: no set is built).
+                    let mut called: Vec<&str> = (message.tool_calls().iter())
+                        .map(|c| c.function.name.as_str())
+                        .collect();
+                    called.sort_unstable();
+                    called.dedup();
+                    push(index, true, called.into_iter().map(str::to_owned).collect());
                 }
                 for call in message.tool_calls() {
                     loop_categories.extend(catalog.categories_of(&call.function.name));
