@@ -589,10 +589,50 @@ impl TokenCounter {
             + self.text(parameters)
     }
 
+    /// The key of a message's count: what `count_message` reads of it, in as few writes to the
+    /// hasher as it takes (a message is keyed at every stage of every point a request decides).
     fn message_key(&self, message: &Message) -> u64 {
         let mut hasher = foldhash::quality::FixedState::with_seed(MESSAGE_SEED).build_hasher();
-        self.encoding.hash(&mut hasher);
-        hash_message(message, &mut hasher);
+        let role = match message.role {
+            Role::System => 1,
+            Role::Developer => 2,
+            Role::User => 3,
+            Role::Assistant => 4,
+            Role::Tool => 5,
+            Role::Function => 6,
+            Role::Other(_) => 7,
+        };
+        // 0 for no content, 1 for a text (keyed by its digest), 2 for parts.
+        let (content, digest) = match message.content.get() {
+            None => (0, 0),
+            Some(Content::Text(text)) => (1, text.digest()),
+            Some(Content::Parts(_)) => (2, 0),
+        };
+        let (name, id) = (message.name.get(), message.tool_call_id.get());
+        let length = |text: Option<&String>| text.map_or(0, |t| t.len() as u64 + 1);
+        let calls = message.tool_calls();
+        hasher
+            .write_u64(self.encoding as u64 | role << 1 | content << 4 | (calls.len() as u64) << 6);
+        hasher.write_u64(length(name) << 32 | length(id));
+        if content == 2 {
+            // Parts: as every memo over messages keys them.
+            hash_message(message, &mut hasher);
+        } else {
+            hasher.write_u64(digest);
+        }
+        if let Role::Other(role) = &message.role {
+            hasher.write_usize(role.len());
+            hasher.write(role.as_bytes());
+        }
+        for text in [name, id].into_iter().flatten() {
+            hasher.write(text.as_bytes());
+        }
+        for call in calls {
+            let function = &call.function;
+            hasher.write_u64((function.name.len() as u64) << 32 | function.arguments.len() as u64);
+            hasher.write(function.name.as_bytes());
+            hasher.write(function.arguments.as_bytes());
+        }
         hasher.finish()
     }
 }
@@ -813,6 +853,49 @@ mod tests {
             }
         }
         assert_ne!(counters[0].text(&text), counters[1].text(&text));
+    }
+
+    #[test]
+    fn a_message_key_tells_apart_everything_the_count_reads() {
+        let counter = TokenCounter::new(Encoding::O200kBase);
+        let message = |value: serde_json::Value| -> Message {
+            serde_json::from_value(value).expect("a message")
+        };
+        let call = |name: &str, arguments: &str| {
+            serde_json::json!([{"id": "c1", "type": "function",
+                "function": {"name": name, "arguments": arguments}}])
+        };
+        let variants = [
+            message(serde_json::json!({"role": "user", "content": "ab"})),
+            message(serde_json::json!({"role": "assistant", "content": "ab"})),
+            message(serde_json::json!({"role": "critic", "content": "ab"})),
+            message(serde_json::json!({"role": "critics", "content": "ab"})),
+            message(serde_json::json!({"role": "user", "content": "abc"})),
+            message(serde_json::json!({"role": "user", "content": "ab", "name": "x"})),
+            message(
+                serde_json::json!({"role": "user", "content": [{"type": "text", "text": "ab"}]}),
+            ),
+            message(serde_json::json!({"role": "user"})),
+            message(serde_json::json!({"role": "tool", "content": "ab", "tool_call_id": "x"})),
+            message(serde_json::json!({"role": "tool", "content": "ab", "tool_call_id": "xy"})),
+            message(serde_json::json!({"role": "assistant", "tool_calls": call("f", "{}")})),
+            message(serde_json::json!({"role": "assistant", "tool_calls": call("f{", "}")})),
+            message(serde_json::json!({"role": "assistant", "tool_calls": call("g", "{}")})),
+        ];
+        let keys: std::collections::HashSet<u64> =
+            variants.iter().map(|m| counter.message_key(m)).collect();
+        assert_eq!(keys.len(), variants.len());
+        for variant in &variants {
+            assert_eq!(
+                counter.message_key(variant),
+                counter.message_key(&variant.clone())
+            );
+        }
+        let cl100k = TokenCounter::new(Encoding::Cl100kBase);
+        assert_ne!(
+            counter.message_key(&variants[0]),
+            cl100k.message_key(&variants[0])
+        );
     }
 
     #[test]
