@@ -246,14 +246,11 @@ fn ascii_piece_end<const O200K_BASE: bool>(text: &[u8], at: usize) -> usize {
 /// Where the run of characters of a class in `classes` (bits of [`CLASSES`]) starting at
 /// `from` ends.
 #[inline(always)]
-fn run(text: &[u8], mut from: usize, classes: u8) -> usize {
-    while let Some(&c) = text.get(from) {
-        if class(c) & classes == 0 {
-            break;
-        }
-        from += 1;
-    }
-    from
+fn run(text: &[u8], from: usize, classes: u8) -> usize {
+    let rest = text.get(from..).unwrap_or_default();
+    from + (rest.iter())
+        .position(|&c| class(c) & classes == 0)
+        .unwrap_or(rest.len())
 }
 
 // The classes of ASCII characters that the split patterns tell apart, bits of [`CLASSES`].
