@@ -136,6 +136,10 @@ mod tests {
             written,
             serde_json::from_str::<serde_json::Value>(body).unwrap()
         );
+        // A copy keeps them too (`Clone` makes an empty map anew, copies one that is not).
+        let copy = chat.clone();
+        assert_eq!(copy, chat);
+        assert_eq!(serde_json::to_value(&copy).unwrap(), written);
     }
 
     #[test]
