@@ -18,7 +18,7 @@ use bpe::byte_pair_encoding::BytePairEncoding;
 use crate::bounded::SharedLru;
 use serde::{Deserialize, Serialize};
 
-use crate::openai::{ChatRequest, Content, Message, Role, Tool, hash_json};
+use crate::openai::{ChatRequest, Content, Message, Role, SharedText, Tool, hash_json};
 
 /// Every message is framed as `<|start|>{role}<|message|>{content}<|end|>`.
 const TOKENS_PER_MESSAGE: usize = 3;
@@ -639,12 +639,18 @@ impl TokenCounter {
             Some(Content::Text(text)) => (1, text.digest()),
             Some(Content::Parts(_)) => (2, 0),
         };
-        let (name, id) = (message.name.get(), message.tool_call_id.get());
-        let length = |text: Option<&String>| text.map_or(0, |t| t.len() as u64 + 1);
+        let name = message.name.get();
         let calls = message.tool_calls();
-        hasher
-            .write_u64(self.encoding as u64 | role << 1 | content << 4 | (calls.len() as u64) << 6);
-        hasher.write_u64(length(name) << 32 | length(id));
+        hasher.write_u64(
+            self.encoding as u64
+                | role << 1
+                | content << 4
+                | u64::from(message.tool_call_id.get().is_some()) << 6
+                | (calls.len() as u64) << 7,
+        );
+        // A name by its length and bytes, a call's id (a text) by its digest.
+        hasher.write_u64(name.map_or(0, |n| n.len() as u64 + 1));
+        hasher.write_u64(message.tool_call_id.get().map_or(0, SharedText::digest));
         if content == 2 {
             // Parts: as every memo over messages keys them.
             hash_message(message, &mut hasher);
@@ -655,8 +661,8 @@ impl TokenCounter {
             hasher.write_usize(role.len());
             hasher.write(role.as_bytes());
         }
-        for text in [name, id].into_iter().flatten() {
-            hasher.write(text.as_bytes());
+        if let Some(name) = name {
+            hasher.write(name.as_bytes());
         }
         for call in calls {
             let function = &call.function;
@@ -717,7 +723,12 @@ fn hash_message_with(message: &Message, hasher: &mut impl Hasher, text_by: TextB
         call.function.name.hash(hasher);
         call.function.arguments.hash(hasher);
     }
-    message.tool_call_id.get().hash(hasher);
+    // As the text (every version digests a stored message alike), not as its digest.
+    message
+        .tool_call_id
+        .get()
+        .map(SharedText::as_str)
+        .hash(hasher);
 }
 
 pub fn hash_tool(tool: &Tool, hasher: &mut impl Hasher) {

@@ -288,8 +288,8 @@ async fn an_upstream_not_known_to_read_definitions_in_place_gets_them_as_a_calls
     assert_eq!(call.tool_calls()[0].function.arguments, "{}");
     assert!(inline::is_definition_result(definition), "{definition:?}");
     assert_eq!(
-        definition.tool_call_id.get(),
-        Some(&call.tool_calls()[0].id)
+        definition.tool_call_id.get().map(|id| id.as_str()),
+        Some(call.tool_calls()[0].id.as_str())
     );
     assert_eq!(inline::definitions_in(&reasked.messages).len(), 1);
     let called = &answer["choices"][0]["message"]["tool_calls"][0]["function"];

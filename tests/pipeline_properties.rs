@@ -149,7 +149,7 @@ fn assert_valid(request: &ChatRequest) {
                 let id = message.tool_call_id.get().unwrap();
                 let position = open
                     .iter()
-                    .position(|o| o == id)
+                    .position(|o| o == id.as_str())
                     .unwrap_or_else(|| panic!("orphan tool result {id}"));
                 open.remove(position);
             }
@@ -173,7 +173,7 @@ fn tool_texts(request: &ChatRequest) -> Vec<(String, String)> {
         .filter(|m| m.role == Role::Tool && !inline::is_definition_result(m))
         .map(|m| {
             (
-                m.tool_call_id.get().unwrap().clone(),
+                m.tool_call_id.get().unwrap().to_string(),
                 m.content.get().unwrap().text().into_owned(),
             )
         })

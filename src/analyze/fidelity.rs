@@ -157,7 +157,7 @@ pub fn valid_pairs(messages: &[Message]) -> bool {
     let mut pending: Vec<&str> = Vec::new();
     for message in messages {
         if message.role == Role::Tool {
-            let id = message.tool_call_id.get().map_or("", String::as_str);
+            let id = message.tool_call_id.get().map_or("", |id| id.as_str());
             let Some(at) = pending.iter().position(|p| *p == id) else {
                 return false;
             };

@@ -221,7 +221,8 @@ pub struct Message {
     /// Shared: a copy of the message (every stage and point makes some) copies no call.
     pub tool_calls: Nullable<Arc<Vec<ToolCall>>>,
     #[serde(default, skip_serializing_if = "Nullable::is_absent")]
-    pub tool_call_id: Nullable<String>,
+    /// Shared and digested once, as a text: a message is copied and keyed at every stage.
+    pub tool_call_id: Nullable<SharedText>,
     #[serde(flatten)]
     pub extra: Extra,
 }

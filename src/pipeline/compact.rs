@@ -469,7 +469,7 @@ fn call_of(messages: &[Message], index: usize) -> Option<&ToolCall> {
     messages[..index]
         .iter()
         .rev()
-        .find_map(|m| m.tool_calls().iter().find(|c| &c.id == id))
+        .find_map(|m| m.tool_calls().iter().find(|c| c.id == id.as_str()))
 }
 
 /// The results old enough to clear that are cleared now: in order, as many as fit in the

@@ -1490,7 +1490,7 @@ mod tests {
                     .for_each(|c| c.id = format!("x{}", c.id));
             }
             if let crate::openai::Nullable::Value(id) = &mut message.tool_call_id {
-                *id = format!("x{id}");
+                *id = format!("x{id}").into();
             }
         }
         let three = run(&other, &env(&config, &counter, &memo, None));

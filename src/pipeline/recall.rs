@@ -211,7 +211,7 @@ pub fn pair(recalled: &[Recalled]) -> Vec<Message> {
 fn results(recalled: &[Recalled]) -> impl Iterator<Item = Message> + '_ {
     recalled.iter().map(|r| {
         let mut result = Message::text(Role::Tool, r.text.clone());
-        result.tool_call_id = Nullable::Value(r.call.id.clone());
+        result.tool_call_id = Nullable::Value(r.call.id.as_str().into());
         result
     })
 }
@@ -420,7 +420,7 @@ mod tests {
         let pair = pair(&recalled[..1]);
         assert_eq!(pair.len(), 2);
         assert_eq!(
-            pair[1].tool_call_id.get().map(String::as_str),
+            pair[1].tool_call_id.get().map(|id| id.as_str()),
             Some("call_r")
         );
     }

@@ -222,7 +222,7 @@ impl Converted {
                     let Some(id) = message.tool_call_id.get() else {
                         return false;
                     };
-                    let Some(at) = open.iter().position(|open| open == id) else {
+                    let Some(at) = open.iter().position(|open| *open == id.as_str()) else {
                         return false;
                     };
                     open.remove(at);
@@ -702,7 +702,7 @@ fn output_of(item: &Map<String, Value>, at: usize) -> Result<Message, ProxyError
     let content = content_of(item, at, "output")?;
     let mut message = Message::text(Role::Tool, "");
     message.content = Nullable::Value(content);
-    message.tool_call_id = Nullable::Value(string_field(item, at, "call_id")?.to_owned());
+    message.tool_call_id = Nullable::Value(string_field(item, at, "call_id")?.into());
     Ok(message)
 }
 

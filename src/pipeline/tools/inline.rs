@@ -101,7 +101,7 @@ pub fn messages(client_tools: &[Tool], names: &[String], definitions: Definition
             };
             let answered = Message {
                 role: Role::Tool,
-                tool_call_id: Nullable::Value(id),
+                tool_call_id: Nullable::Value(id.into()),
                 ..definition
             };
             [asked, answered]
@@ -265,7 +265,7 @@ pub fn in_block_instead(sent: &ChatRequest, client: &[Tool]) -> Option<ChatReque
         .messages
         .iter()
         .filter(|m| is_definition_result(m))
-        .filter_map(|m| m.tool_call_id.get().map(String::as_str))
+        .filter_map(|m| m.tool_call_id.get().map(|id| id.as_str()))
         .collect();
     request.messages.retain(|m| {
         let answered = (m.tool_calls().iter()).all(|c| results.contains(c.id.as_str()));
@@ -562,7 +562,10 @@ mod tests {
         let call = &placed[0].tool_calls()[0];
         assert_eq!(call.function.name, "b");
         assert_eq!(call.function.arguments, "{}");
-        assert_eq!(placed[1].tool_call_id.get(), Some(&call.id));
+        assert_eq!(
+            placed[1].tool_call_id.get().map(|id| id.as_str()),
+            Some(call.id.as_str())
+        );
         assert_eq!(placed[2].tool_calls()[0].function.name, "c");
         // Nine letters and digits (Mistral's templates), the same on every request.
         assert_eq!(call.id.len(), 9);
@@ -590,7 +593,7 @@ mod tests {
     #[test]
     fn a_clients_tool_result_quoting_the_header_defines_nothing() {
         let mut quoted = text(Role::Tool, &format!("{HEADER}\n{{\"name\":\"x\"}}"));
-        quoted.tool_call_id = Nullable::Value("call_abc123".to_owned());
+        quoted.tool_call_id = Nullable::Value("call_abc123".into());
         assert!(!is_definition(&quoted));
         assert!(defined_in(&[quoted]).is_empty());
     }

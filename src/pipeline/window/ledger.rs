@@ -319,7 +319,7 @@ pub fn lines(
                 for (number, call) in message.tool_calls().iter().enumerate() {
                     let result = (index + 1..index + 1 + block).find(|&k| {
                         !answered.contains(&k)
-                            && removed[k].1.tool_call_id.get().map(String::as_str)
+                            && removed[k].1.tool_call_id.get().map(|id| id.as_str())
                                 == Some(call.id.as_str())
                     });
                     if let Some(k) = result {
