@@ -98,7 +98,9 @@ impl Encoding {
 
     /// Tokens of `text`: the tokenizer's pre-tokenization (searched with this thread's cache,
     /// `pretokenize`), then each piece counted once per thread (words repeat, and counting a
-    /// piece allocates an encoder). Same result as `Tokenizer::count`.
+    /// piece allocates an encoder). Same result as `Tokenizer::count`. No count of the text
+    /// itself is read or kept: the proxy counts through a `TokenCounter`; this is public for
+    /// the benchmark of counting a text never seen.
     pub fn count(self, text: &str) -> usize {
         let vocabulary = self.vocabulary();
         PIECE_COUNTS.with_borrow_mut(|cache| {
@@ -215,7 +217,8 @@ impl PieceCache {
         if let Some(key) = packed(piece) {
             let front = self.front.get_or_insert_with(|| {
                 PIECE_CACHE_BYTES.fetch_add(FRONT_BYTES, Ordering::Relaxed);
-                // No packed key is (0, 0): its last byte holds the piece's length.
+                // No piece's packed key is (0, 0) (its last byte holds the piece's length, and
+                // pieces are never empty); an empty slot never matches.
                 vec![((0, 0), 0); FRONT_SLOTS].into_boxed_slice()
             });
             let slot = &mut front[front_slot(key)];
@@ -666,7 +669,8 @@ impl TokenCounter {
         }
         for call in calls {
             let function = &call.function;
-            hasher.write_u64((function.name.len() as u64) << 32 | function.arguments.len() as u64);
+            hasher.write_usize(function.name.len());
+            hasher.write_usize(function.arguments.len());
             hasher.write(function.name.as_bytes());
             hasher.write(function.arguments.as_bytes());
         }

@@ -254,7 +254,8 @@ label_set! {
         Rewrites => "rewrites",
         /// Token counts of messages and long texts.
         TokenCounts => "token_counts",
-        /// Token counts of words, per worker thread.
+        /// Token counts of words, and of the texts and messages counted last (a fixed 64 KiB
+        /// table), per worker thread.
         TokenPieces => "token_pieces",
         /// The in-memory store (the embedded default, or Redis's fallback).
         Store => "store",
