@@ -156,23 +156,6 @@ struct PieceCache {
     /// The counts of two-byte pieces (`":`, `id`, `12`: many of JSON's pieces), by their bytes;
     /// 0 for one not counted yet. Made on the first such piece.
     pairs: Option<Box<[u8]>>,
-    /// The packed pieces counted last, one slot per hash of the key (`front_slot`): small
-    /// enough to stay in the processor's cache, where the map's probes miss it. Made on the
-    /// first packed piece.
-    front: Option<Box<[FrontSlot]>>,
-}
-
-/// A slot of a piece cache's front: a packed key (`packed`) and its count.
-type FrontSlot = ((u64, u64), u32);
-
-/// Slots of a piece cache's front.
-const FRONT_SLOTS: usize = 2048;
-const FRONT_BYTES: usize = FRONT_SLOTS * std::mem::size_of::<FrontSlot>();
-
-/// The front slot of a packed key.
-fn front_slot((first, rest): (u64, u64)) -> usize {
-    let mixed = (first ^ rest.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (mixed >> (64 - FRONT_SLOTS.trailing_zeros())) as usize
 }
 
 /// Two-byte pieces: every pair of bytes.
@@ -191,7 +174,6 @@ impl PieceCache {
 
     fn bytes(&self) -> usize {
         self.pairs.as_ref().map_or(0, |_| PAIRS)
-            + self.front.as_ref().map_or(0, |_| FRONT_BYTES)
             + self.packed.len() * PACKED_ENTRY_BYTES
             + (self.long.keys())
                 .map(|k| LONG_ENTRY_BYTES + k.len())
@@ -215,26 +197,12 @@ impl PieceCache {
     /// The count of `piece`, from `count` the first time.
     fn count(&mut self, piece: &[u8], count: impl FnOnce() -> u32) -> usize {
         if let Some(key) = packed(piece) {
-            let front = self.front.get_or_insert_with(|| {
-                PIECE_CACHE_BYTES.fetch_add(FRONT_BYTES, Ordering::Relaxed);
-                // No piece's packed key is (0, 0) (its last byte holds the piece's length, and
-                // pieces are never empty); an empty slot never matches.
-                vec![((0, 0), 0); FRONT_SLOTS].into_boxed_slice()
-            });
-            let slot = &mut front[front_slot(key)];
-            if slot.0 == key {
-                return slot.1 as usize;
+            if let Some(&count) = self.packed.get(&key) {
+                return count as usize;
             }
-            let count = match self.packed.get(&key) {
-                Some(&count) => count,
-                None => {
-                    let count = count();
-                    self.packed.insert(key, count);
-                    PIECE_CACHE_BYTES.fetch_add(PACKED_ENTRY_BYTES, Ordering::Relaxed);
-                    count
-                }
-            };
-            *slot = (key, count);
+            let count = count();
+            self.packed.insert(key, count);
+            PIECE_CACHE_BYTES.fetch_add(PACKED_ENTRY_BYTES, Ordering::Relaxed);
             return count as usize;
         }
         if let Some(&count) = self.long.get(piece) {
