@@ -138,11 +138,17 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
 
 /// Runs every enabled stage, then holds the result to `env.budget` tokens.
 fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    whole_counted(request, env, env.counter.request(request))
+    whole_counted(request, env, env.counter.request(request), None)
 }
 
-/// `whole`, for a request of `tokens_before` tokens (`TokenCounter::request`).
-fn whole_counted(request: &ChatRequest, env: &Env<'_>, tokens_before: usize) -> Rewrite {
+/// `whole`, for a request of `tokens_before` tokens (`TokenCounter::request`), with the tools
+/// stage's plan when it was made already (`tools::planned` of the same request and `env`).
+fn whole_counted(
+    request: &ChatRequest,
+    env: &Env<'_>,
+    tokens_before: usize,
+    planned: Option<tools::Planned>,
+) -> Rewrite {
     let (config, counter) = (env.config, env.counter);
     let reminder = env
         .reinforcement
@@ -152,6 +158,7 @@ fn whole_counted(request: &ChatRequest, env: &Env<'_>, tokens_before: usize) -> 
     let budget = env.budget.saturating_sub(reserve);
     let params = Params::from_config(config);
     let decided = Decided::default();
+    decided.planned.set(planned);
     let (rewritten, mut stages, mut tokens_after) =
         run_stages(request, tokens_before, env, &params, &decided);
     let mut best = rewritten;

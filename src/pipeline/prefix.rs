@@ -333,6 +333,9 @@ struct Decide<'a> {
     made: std::cell::RefCell<Vec<(usize, Rewrite)>>,
     /// The copy of the request the points are decided on (`Decide::at`): its first messages.
     copy: std::cell::Cell<Option<ChatRequest>>,
+    /// The tools stage's plan of the last point `known_at` read, for that point's whole
+    /// rewrite, which follows it.
+    planned: std::cell::Cell<Option<(usize, super::tools::Planned)>>,
 }
 
 #[cfg(test)]
@@ -373,6 +376,7 @@ impl<'a> Decide<'a> {
             sums: std::cell::RefCell::new(vec![0]),
             made: std::cell::RefCell::new(Vec::new()),
             copy: std::cell::Cell::new(None),
+            planned: std::cell::Cell::new(None),
         }
     }
 
@@ -471,8 +475,11 @@ impl<'a> Decide<'a> {
     /// The whole rewrite of the request as it was at point `k`.
     fn whole_of(&self, k: usize) -> Rewrite {
         let tokens = self.tokens_at(self.points[k].len);
+        let planned = (self.planned.take())
+            .filter(|(j, _)| *j == k)
+            .map(|(_, planned)| planned);
         self.at(k, |truncated, env| {
-            super::whole_counted(truncated, env, tokens)
+            super::whole_counted(truncated, env, tokens, planned)
         })
     }
 
@@ -562,8 +569,17 @@ impl<'a> Decide<'a> {
                 reminder,
             });
         }
-        let decided = self.at(k, super::tools::block_decided)?;
-        let mut tools = decided.tools;
+        let planned = self.at(k, super::tools::planned)?;
+        let known = self.known_of(&planned, reminder);
+        self.planned.set(Some((k, planned)));
+        known
+    }
+
+    /// `known_at` of a point whose block the tools stage decides, from its plan.
+    fn known_of(&self, planned: &super::tools::Planned, reminder: bool) -> Option<Known> {
+        let env = self.env;
+        let client_tools = self.request.tools.get().map_or(&[][..], Vec::as_slice);
+        let mut tools = planned.sent()?.to_vec();
         // A decided block always offers the recall tool where it may (`run_stages_into`).
         if recall::enabled(env.config) && recall::can_offer_beside(&tools, client_tools) {
             recall::offer_in(&mut tools);
@@ -582,7 +598,7 @@ impl<'a> Decide<'a> {
             names,
             block: Some(block_digest(&sent)),
             tool_tokens,
-            placed_tokens: decided.placed.iter().map(|m| env.counter.message(m)).sum(),
+            placed_tokens: planned.placed().map(|m| env.counter.message(m)).sum(),
             reminder,
         })
     }

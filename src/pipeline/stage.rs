@@ -146,6 +146,9 @@ impl<'a> StageCx<'a> {
 #[derive(Default)]
 pub struct Decided {
     pub tools: std::cell::OnceCell<super::tools::decision::Decision>,
+    /// The tools stage's plan, when it was made before the rewrite (`tools::planned`) for the
+    /// same messages: taken by the first pass's decision.
+    pub planned: std::cell::Cell<Option<super::tools::Planned>>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description

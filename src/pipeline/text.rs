@@ -159,11 +159,11 @@ pub fn identifiers(text: &str) -> Vec<String> {
         // padded cursor or a URL says one.
         let parts = match token.split_once('=') {
             Some((name, value)) if is_assigned_name(name) && !token.contains(['?', '&']) => {
-                vec![name, value]
+                [Some(name), Some(value)]
             }
-            _ => vec![token],
+            _ => [Some(token), None],
         };
-        for token in parts {
+        for token in parts.into_iter().flatten() {
             if token.is_empty() || seen.contains(token) {
                 continue;
             }

@@ -106,42 +106,57 @@ impl Stage for ToolsStage {
     }
 }
 
-/// What a whole rewrite sends of its tools where this stage decides the block.
-pub struct BlockDecided {
-    /// The tools sent (before the recall tool joins them).
-    pub tools: Vec<Tool>,
-    /// The definitions placed in the messages: every pass of the rewrite sends them all, and
-    /// no later stage cuts them.
-    pub placed: Vec<Message>,
+/// What the stage plans for a request's tools, before its report: the block and the
+/// definitions placed in the messages. It depends on the client's messages only, so a point of
+/// a conversation planned ahead of its whole rewrite (`prefix.rs`) hands it to that rewrite's
+/// first pass (`Decided::planned`) instead of planning twice.
+pub struct Planned {
+    plan: Plan,
+    block: Block,
 }
 
-/// What a whole rewrite of `request` sends of its tools when this stage decides its block;
-/// `None` when it sends the client's block as it is. What `apply` does, without running the
-/// stages before it: the block depends on the client's messages only.
-pub fn block_decided(request: &ChatRequest, env: &super::Env<'_>) -> Option<BlockDecided> {
+impl Planned {
+    fn of(catalog: &Catalog, tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Planned {
+        let plan = plan(catalog, tools, request, cx.original_messages, cx);
+        let block = Block::of(&plan, tools, cx);
+        Planned { plan, block }
+    }
+
+    /// The tools sent (before the recall tool joins them), unless the client's block is sent
+    /// as it is.
+    pub fn sent(&self) -> Option<&[Tool]> {
+        (!self.block.unchanged).then_some(self.block.kept.as_slice())
+    }
+
+    /// The definitions placed in the messages: every pass of the rewrite sends them all, and
+    /// no later stage cuts them.
+    pub fn placed(&self) -> impl Iterator<Item = &Message> {
+        self.block.placed.iter().map(|(_, m)| m)
+    }
+}
+
+/// What a whole rewrite of `request` plans for its tools where this stage decides its block;
+/// `None` when it sends the client's block as it is whatever the messages say. What `apply`
+/// does, without running the stages before it: the block depends on the client's messages
+/// only.
+pub fn planned(request: &ChatRequest, env: &super::Env<'_>) -> Option<Planned> {
     if sends_block_whole(request, env.config, env.counter) {
         return None;
     }
     let tools = request.tools.get()?;
     StageCx::first_pass(env, &request.messages, |cx| {
         let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
-        let plan = plan(&catalog, tools, request, &request.messages, cx);
-        let block = Block::of(&plan, tools, cx);
-        (!block.unchanged).then(|| BlockDecided {
-            tools: block.kept,
-            placed: block.placed.into_iter().map(|(_, m)| m).collect(),
-        })
+        Some(Planned::of(&catalog, tools, request, cx))
     })
 }
 
 fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
     let config = &cx.config.tools;
     let catalog = Catalog::memoized(tools, config, cx.memo);
-    let original = cx.original_messages;
-    let plan = plan(&catalog, tools, request, original, cx);
+    let Planned { plan, block } =
+        (cx.decided.planned.take()).unwrap_or_else(|| Planned::of(&catalog, tools, request, cx));
     // Scores of the current turn, for the report (the block was decided at the first).
-    let scores = turn_scores(&catalog, original, config, cx.memo);
-    let block = Block::of(&plan, tools, cx);
+    let scores = turn_scores(&catalog, cx.original_messages, config, cx.memo);
     let stubbed = block.forms.values().filter(|f| f.is_stub()).count();
     let scores = scores
         .iter()
