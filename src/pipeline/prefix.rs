@@ -334,7 +334,7 @@ struct Decide<'a> {
     /// The copy of the request the points are decided on (`Decide::at`): its first messages.
     copy: std::cell::Cell<Option<ChatRequest>>,
     /// The tools stage's plan of the last point `known_at` read, for that point's whole
-    /// rewrite, which follows it.
+    /// rewrite, when it is made.
     planned: std::cell::Cell<Option<(usize, super::tools::Planned)>>,
 }
 
@@ -1363,6 +1363,46 @@ mod tests {
             // The floor decided without the whole rewrite somewhere.
             assert!(left_out > 0 || index > 1);
         }
+    }
+
+    #[test]
+    fn a_plan_made_ahead_rewrites_as_planning_again() {
+        // A point's tools plan, made to decide it (`known_at`), is handed to its whole rewrite:
+        // the rewrite must be what planning again gives, request and every stage's report, with
+        // a `tool_choice` naming a tool too (the plan reads it) and the sticky categories of
+        // points past the first.
+        let chat = synthetic::conversation(12).unwrap();
+        let agent = synthetic::autonomous_agent(12).unwrap();
+        let mut chosen = chat.clone();
+        let name = chosen.tool_names().last().map(|n| n.to_string()).unwrap();
+        chosen.tool_choice =
+            Nullable::Value(serde_json::json!({"type": "function", "function": {"name": name}}));
+        let mut handed = 0;
+        for config in &floor_configs() {
+            for budget in [2_000, 1_000_000] {
+                for request in [&chat, &agent, &chosen] {
+                    let (counter, memo) = (TokenCounter::new(Encoding::O200kBase), Memo::default());
+                    let env = Env {
+                        budget,
+                        ..env(config, &counter, &memo, None)
+                    };
+                    let settings = settings(request, &env);
+                    let points = points(&request.messages, settings);
+                    let cx = Decide::new(request, &points, &env, settings);
+                    for k in 0..points.len() {
+                        cx.known_at(k);
+                        let planned = cx.planned.take();
+                        handed += usize::from(planned.as_ref().is_some_and(|(j, _)| *j == k));
+                        cx.planned.set(planned);
+                        let ahead = cx.whole_of(k);
+                        let again = cx.at(k, super::super::whole);
+                        assert_eq!(ahead.request, again.request, "point {k}");
+                        assert_eq!(ahead.report.stages, again.report.stages, "point {k}");
+                    }
+                }
+            }
+        }
+        assert!(handed > 0);
     }
 
     #[test]

@@ -142,13 +142,14 @@ impl<'a> StageCx<'a> {
 }
 
 /// What a stage decides from the client's request alone (not from `Params`), made once per
-/// rewrite: the budget's re-runs of the stages read it instead of deciding again.
+/// rewrite (or before it, `planned`): the budget's re-runs of the stages read it instead of
+/// deciding again.
 #[derive(Default)]
 pub struct Decided {
     pub tools: std::cell::OnceCell<super::tools::decision::Decision>,
     /// The tools stage's plan, when it was made before the rewrite (`tools::planned`) for the
     /// same messages: taken by the first pass's decision.
-    pub planned: std::cell::Cell<Option<super::tools::Planned>>,
+    pub planned: std::cell::Cell<Option<super::tools::decision::Planned>>,
 }
 
 /// What a stage produced: new messages and/or tools (`None` when unchanged) and a description

@@ -45,7 +45,8 @@ use crate::openai::{ChatRequest, Message, Tool};
 use block::{chosen_tool, demanded_call, first_point, first_turn_block, is_small_block};
 use catalog::tool_name;
 use classify::turn_scores;
-use decision::Decision;
+pub use decision::Planned;
+use decision::{Block, Decision};
 use inline::{Placed, later_needs, placed_definitions};
 use report::{CategoryScore, Classified, ToolsDetails};
 use stubs::ToolForm;
@@ -106,32 +107,20 @@ impl Stage for ToolsStage {
     }
 }
 
-/// What the stage plans for a request's tools, before its report: the block and the
-/// definitions placed in the messages. It depends on the client's messages only, so a point of
-/// a conversation planned ahead of its whole rewrite (`prefix.rs`) hands it to that rewrite's
-/// first pass (`Decided::planned`) instead of planning twice.
-pub struct Planned {
-    plan: Plan,
-    block: Block,
-}
-
-impl Planned {
-    fn of(catalog: &Catalog, tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Planned {
-        let plan = plan(catalog, tools, request, cx.original_messages, cx);
-        let block = Block::of(&plan, tools, cx);
-        Planned { plan, block }
-    }
-
-    /// The tools sent (before the recall tool joins them), unless the client's block is sent
-    /// as it is.
-    pub fn sent(&self) -> Option<&[Tool]> {
-        (!self.block.unchanged).then_some(self.block.kept.as_slice())
-    }
-
-    /// The definitions placed in the messages: every pass of the rewrite sends them all, and
-    /// no later stage cuts them.
-    pub fn placed(&self) -> impl Iterator<Item = &Message> {
-        self.block.placed.iter().map(|(_, m)| m)
+/// The stage's plan of `request` (`Planned`), `cx.original_messages` its client's messages.
+fn planned_of(
+    catalog: &Catalog,
+    tools: &[Tool],
+    request: &ChatRequest,
+    cx: &StageCx<'_>,
+) -> Planned {
+    let plan = plan(catalog, tools, request, cx.original_messages, cx);
+    let block = Block::of(&plan, tools, cx);
+    Planned {
+        block,
+        reason: plan.reason,
+        categories: plan.categories,
+        protected: plan.protected,
     }
 }
 
@@ -146,15 +135,19 @@ pub fn planned(request: &ChatRequest, env: &super::Env<'_>) -> Option<Planned> {
     let tools = request.tools.get()?;
     StageCx::first_pass(env, &request.messages, |cx| {
         let catalog = Catalog::memoized(tools, &env.config.tools, env.memo);
-        Some(Planned::of(&catalog, tools, request, cx))
+        Some(planned_of(&catalog, tools, request, cx))
     })
 }
 
 fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
     let config = &cx.config.tools;
     let catalog = Catalog::memoized(tools, config, cx.memo);
-    let Planned { plan, block } =
-        (cx.decided.planned.take()).unwrap_or_else(|| Planned::of(&catalog, tools, request, cx));
+    let Planned {
+        block,
+        reason,
+        categories,
+        protected,
+    } = (cx.decided.planned.take()).unwrap_or_else(|| planned_of(&catalog, tools, request, cx));
     // Scores of the current turn, for the report (the block was decided at the first).
     let scores = turn_scores(&catalog, cx.original_messages, config, cx.memo);
     let stubbed = block.forms.values().filter(|f| f.is_stub()).count();
@@ -172,13 +165,13 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
         sent: Some(block.kept.len() - stubbed),
         stubs: Some(stubbed),
         inline: (block.defined_inline > 0).then_some(block.defined_inline),
-        reason: Some(plan.reason),
+        reason: Some(reason),
         classifier: Some(Classified {
             forms: block.forms,
-            categories: plan.categories,
+            categories,
             scores,
             sticky: cx.sticky_categories.to_vec(),
-            protected: plan.protected,
+            protected,
         }),
         ..ToolsDetails::offered(tools.len())
     };
@@ -188,16 +181,6 @@ fn decide(tools: &[Tool], request: &ChatRequest, cx: &StageCx<'_>) -> Decision {
         details,
         placed: block.placed,
     }
-}
-
-/// The tools a plan sends, each in its form, and the definitions it places in the messages.
-struct Block {
-    kept: Vec<Tool>,
-    forms: BTreeMap<String, ToolForm>,
-    defined_inline: usize,
-    placed: Vec<(usize, Message)>,
-    /// The client's block as it is, and nothing placed.
-    unchanged: bool,
 }
 
 impl Block {
