@@ -152,12 +152,19 @@ fn is_name(value: &str) -> bool {
 /// An identifier that names one thing (a code, an id, an email), as opposed to an amount, a
 /// time or a name: what a ledger keeps last when its cap bites.
 pub fn is_strong_identifier(value: &str) -> bool {
-    let digits = value.chars().filter(char::is_ascii_digit).count();
-    let letters = value.chars().filter(|c| c.is_alphabetic()).count();
-    (digits > 0 && letters > 0 && value.chars().count() >= 3 && !value.contains(' '))
+    // One pass: a ledger asks this of every value of every line it weighs.
+    let (mut chars, mut digits, mut letters, mut space, mut at) = (0, 0, 0, false, false);
+    for c in value.chars() {
+        chars += 1;
+        digits += usize::from(c.is_ascii_digit());
+        letters += usize::from(c.is_alphabetic());
+        space |= c == ' ';
+        at |= c == '@';
+    }
+    (digits > 0 && letters > 0 && chars >= 3 && !space)
         || (value.starts_with('#') && value.len() >= 3)
-        || value.contains('@')
-        || (digits >= 5 && digits == value.chars().count())
+        || at
+        || (digits >= 5 && digits == chars)
 }
 
 /// The text of a scalar JSON value, when it is an identifier.
@@ -445,8 +452,27 @@ mod tests {
         code_name || name
     }
 
+    /// `is_strong_identifier` as first written, one pass per rule.
+    fn is_strong_identifier_by_each_rule(value: &str) -> bool {
+        let digits = value.chars().filter(char::is_ascii_digit).count();
+        let letters = value.chars().filter(|c| c.is_alphabetic()).count();
+        (digits > 0 && letters > 0 && value.chars().count() >= 3 && !value.contains(' '))
+            || (value.starts_with('#') && value.len() >= 3)
+            || value.contains('@')
+            || (digits >= 5 && digits == value.chars().count())
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+        /// A strong identifier as the rules one by one say.
+        #[test]
+        fn a_strong_identifier_in_one_pass(value in "[aZ0-9@# .éÜ\u{663}-]{0,12}") {
+            proptest::prop_assert_eq!(
+                is_strong_identifier(&value),
+                is_strong_identifier_by_each_rule(&value)
+            );
+        }
+
         /// The one-pass rules answer as the rules one by one, on values over letters of both
         /// cases, digits, the characters the rules name, white space (also not ASCII) and
         /// letters and digits that are not ASCII.
