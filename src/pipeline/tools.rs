@@ -126,8 +126,8 @@ fn planned_of(
 
 /// What a whole rewrite of `request` plans for its tools where this stage decides its block;
 /// `None` when it sends the client's block as it is whatever the messages say. What `apply`
-/// does, without running the stages before it: the block depends on the client's messages
-/// only.
+/// does, without running the stages before it: the plan reads the client's request, never what
+/// those stages made.
 pub fn planned(request: &ChatRequest, env: &super::Env<'_>) -> Option<Planned> {
     if sends_block_whole(request, env.config, env.counter) {
         return None;
