@@ -138,11 +138,13 @@ pub fn run(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
 
 /// Runs every enabled stage, then holds the result to `env.budget` tokens.
 fn whole(request: &ChatRequest, env: &Env<'_>) -> Rewrite {
-    whole_counted(request, env, env.counter.request(request), None)
+    whole_counted(request, env, env.counter.request(request), None).with_over_budget(env)
 }
 
 /// `whole`, for a request of `tokens_before` tokens (`TokenCounter::request`), with the tools
 /// stage's plan when it was made already (`tools::planned` of the same request and `env`).
+/// Its report's `over_budget` is left to `with_over_budget`: most whole rewrites of a
+/// conversation's earlier points are made only to decide, and are never sent.
 fn whole_counted(
     request: &ChatRequest,
     env: &Env<'_>,
@@ -219,27 +221,18 @@ fn whole_counted(
         (tokens_before, tokens_after),
         stages,
         env.budget,
-        env,
     )
 }
 
 impl Rewrite {
     /// The rewrite `request`, with its stage reports and token counts (before, after), held
-    /// to `budget`: whether it fits, and when not, which part of the floor is over.
+    /// to `budget`: whether it fits (which part of the floor is over is `with_over_budget`'s).
     fn held_to(
         request: ChatRequest,
         (tokens_before, tokens_after): (usize, usize),
         stages: Vec<StageReport>,
         budget: usize,
-        env: &Env<'_>,
     ) -> Rewrite {
-        let fits = tokens_after <= budget;
-        let over_budget = if fits || !env.config.budget.enabled {
-            None
-        } else {
-            Floor::of(&request, env.config.window.recent_tool_steps, env.counter)
-                .over(budget, tokens_after)
-        };
         Rewrite {
             request,
             report: PipelineReport {
@@ -247,12 +240,28 @@ impl Rewrite {
                 tokens_after,
                 stages,
                 budget,
-                fits,
-                over_budget,
+                fits: tokens_after <= budget,
+                over_budget: None,
                 prefix: None,
             },
             remember: None,
         }
+    }
+
+    /// The rewrite with its report's `over_budget`: when it does not fit, which part of the
+    /// floor is over. Made from the request and counts `held_to` was given, before anything
+    /// else changes them.
+    pub(super) fn with_over_budget(mut self, env: &Env<'_>) -> Rewrite {
+        let report = &self.report;
+        if !report.fits && env.config.budget.enabled {
+            self.report.over_budget = Floor::of(
+                &self.request,
+                env.config.window.recent_tool_steps,
+                env.counter,
+            )
+            .over(report.budget, report.tokens_after);
+        }
+        self
     }
 }
 
@@ -276,8 +285,8 @@ impl Rewrite {
             (anchor.tokens_before + before, anchor.tokens_after + after),
             stages,
             anchor.budget,
-            env,
         )
+        .with_over_budget(env)
     }
 }
 

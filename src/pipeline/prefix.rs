@@ -458,7 +458,8 @@ impl<'a> Decide<'a> {
         self.made.borrow_mut().retain(|(k, _)| *k == anchor);
     }
 
-    /// The whole rewrite at point `k`, memoized: the one `whole_at` made, when it did.
+    /// The whole rewrite at point `k`, memoized: the one `whole_at` made, when it did, with its
+    /// report's `over_budget` (a rewrite made only to decide goes without).
     fn rewrite_at(&self, k: usize) -> Arc<Rewrite> {
         let (points, env) = (self.points, self.env);
         let made = {
@@ -469,6 +470,7 @@ impl<'a> Decide<'a> {
         };
         env.memo.rewrite(points[k].digest ^ REWRITE_SEED, || {
             made.unwrap_or_else(|| self.whole_of(k))
+                .with_over_budget(env)
         })
     }
 
