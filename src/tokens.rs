@@ -514,11 +514,26 @@ impl TokenCounter {
         count
     }
 
-    fn count_message(&self, message: &Message) -> usize {
+    /// The tokens of `message` but its content's: what it counts whatever a rewrite puts in its
+    /// content (its role, name, tool calls and the id of the call it answers).
+    pub fn framing(&self, message: &Message) -> usize {
         let mut count = TOKENS_PER_MESSAGE + self.text(message.role.as_str());
         if let Some(name) = message.name.get() {
             count += self.text(name) + TOKENS_PER_NAME;
         }
+        for call in message.tool_calls() {
+            count += TOKENS_PER_MESSAGE
+                + self.text(&call.function.name)
+                + self.text(&call.function.arguments);
+        }
+        if let Some(id) = message.tool_call_id.get() {
+            count += self.text(id);
+        }
+        count
+    }
+
+    fn count_message(&self, message: &Message) -> usize {
+        let mut count = self.framing(message);
         let instructions = matches!(message.role, Role::System | Role::Developer);
         match message.content.get() {
             Some(Content::Text(text)) if instructions => count += self.instructions(text),
@@ -534,14 +549,6 @@ impl TokenCounter {
                 }
             }
             None => {}
-        }
-        for call in message.tool_calls() {
-            count += TOKENS_PER_MESSAGE
-                + self.text(&call.function.name)
-                + self.text(&call.function.arguments);
-        }
-        if let Some(id) = message.tool_call_id.get() {
-            count += self.text(id);
         }
         count
     }

@@ -322,6 +322,8 @@ struct Decide<'a> {
     /// Each message's tokens as appended, by index, once known: a cold request's points sum
     /// the same messages many times, and each sum would hash the message again.
     appended: Vec<std::cell::OnceCell<usize>>,
+    /// Each message's tokens but its content's (`TokenCounter::framing`), by index, once known.
+    framing: Vec<std::cell::OnceCell<usize>>,
     /// The names and tokens of the client's tools, once read.
     client_block: std::cell::OnceCell<(Names, usize)>,
     /// The tokens of the client's first messages, by how many (`sums[i]`: the first `i`), as
@@ -372,6 +374,7 @@ impl<'a> Decide<'a> {
             settings,
             tools_fixed: sends_block_whole(request, env.config, env.counter),
             appended: vec![std::cell::OnceCell::new(); request.messages.len()],
+            framing: vec![std::cell::OnceCell::new(); request.messages.len()],
             client_block: std::cell::OnceCell::new(),
             sums: std::cell::RefCell::new(vec![0]),
             made: std::cell::RefCell::new(Vec::new()),
@@ -531,6 +534,12 @@ impl<'a> Decide<'a> {
         *self.appended[index].get_or_init(|| appended_tokens(message, self.settings, self.env))
     }
 
+    /// The tokens of message `index` but its content's, memoized like `appended_at`.
+    fn framing_at(&self, index: usize) -> usize {
+        let message = &self.request.messages[index];
+        *self.framing[index].get_or_init(|| self.env.counter.framing(message))
+    }
+
     /// What is compared of two rewrites' tools: a tool promoted in place (the re-ask of a
     /// strict stub did it already) is appended to, with the whole rewrite's tools; another
     /// block is rebuilt. The recall tool joining the client's own block is not another block
@@ -608,8 +617,9 @@ impl<'a> Decide<'a> {
     /// A lower bound of the whole rewrite of the first `len` messages, whichever budget step
     /// it ends at: its tools and the definitions placed beside them (`known`), the first system
     /// message (verbatim), the working set (in the form a whole rewrite keeps it, which is the
-    /// appended form) and the assistant messages of the last turn (every window keeps that
-    /// turn, and only tool results are compacted), less `FLOOR_SLACK`.
+    /// appended form), the assistant messages of the last turn (every window keeps that turn,
+    /// and only tool results are compacted) and the framing of its other results (a stub or a
+    /// cut keeps a result's role, name and call id), less `FLOOR_SLACK`.
     fn floor(&self, len: usize, known: &Known) -> usize {
         let env = self.env;
         let messages = &self.request.messages[..len];
@@ -629,7 +639,15 @@ impl<'a> Decide<'a> {
             })
             .map(|(i, _)| self.appended_at(i))
             .sum();
-        (known.tool_tokens + known.placed_tokens + system + kept).saturating_sub(FLOOR_SLACK)
+        // The last turn's other results are sent too, each in some form: its framing at least.
+        let framed: usize = (last_turn + 1..len)
+            .filter(|&i| {
+                matches!(messages[i].role, Role::Tool | Role::Function) && !working_set.contains(i)
+            })
+            .map(|i| self.framing_at(i))
+            .sum();
+        (known.tool_tokens + known.placed_tokens + system + kept + framed)
+            .saturating_sub(FLOOR_SLACK)
     }
 }
 
@@ -1422,7 +1440,7 @@ mod tests {
         ];
         let chat = synthetic::conversation(30).unwrap();
         let agent = synthetic::autonomous_agent(30).unwrap();
-        let (mut placed, mut loop_steps, mut points_read) = (0, 0, 0);
+        let (mut placed, mut loop_steps, mut framed, mut points_read) = (0, 0, 0, 0);
         for config in &floor_configs() {
             for (budget, reinforcement) in budgets {
                 for request in [&chat, &agent] {
@@ -1452,6 +1470,10 @@ mod tests {
                         loop_steps += usize::from((last_user..point.len).any(|i| {
                             messages[i].role == Role::Assistant && !working_set.contains(i)
                         }));
+                        framed +=
+                            usize::from((last_user..point.len).any(|i| {
+                                messages[i].role == Role::Tool && !working_set.contains(i)
+                            }));
                         placed += usize::from(known.placed_tokens > 0);
                         points_read += 1;
                     }
@@ -1459,7 +1481,7 @@ mod tests {
             }
         }
         // The fixtures reach the parts of the floor a whole rewrite may not cut.
-        assert!(placed > 0 && loop_steps > 0 && points_read > 100);
+        assert!(placed > 0 && loop_steps > 0 && framed > 0 && points_read > 100);
     }
 
     #[test]
