@@ -408,10 +408,16 @@ impl<'a> Decide<'a> {
             let sent_as_anchored = !current || known.block.is_none_or(|b| b == anchored.block);
             let reminder_starts = known.reminder && !anchored.reminder;
             if same_block && sent_as_anchored && !reminder_starts {
-                let floor = self.floor(points[k].len, &known);
-                let may_pay = appended >= floor.saturating_add(threshold);
-                let may_fit = budget_on && appended > env.budget && floor <= env.budget;
-                if !may_pay && !may_fit {
+                let settled = |floor: usize| {
+                    let may_pay = appended >= floor.saturating_add(threshold);
+                    let may_fit = budget_on && appended > env.budget && floor <= env.budget;
+                    !may_pay && !may_fit
+                };
+                // The framing of the last turn's results is counted only where the rest of the
+                // floor leaves the answer open.
+                let len = points[k].len;
+                if settled(self.floor(len, &known, false)) || settled(self.floor(len, &known, true))
+                {
                     return None;
                 }
             }
@@ -618,9 +624,9 @@ impl<'a> Decide<'a> {
     /// it ends at: its tools and the definitions placed beside them (`known`), the first system
     /// message (verbatim), the working set (in the form a whole rewrite keeps it, which is the
     /// appended form), the assistant messages of the last turn (every window keeps that turn,
-    /// and only tool results are compacted) and the framing of its other results (a stub or a
-    /// cut keeps a result's role, name and call id), less `FLOOR_SLACK`.
-    fn floor(&self, len: usize, known: &Known) -> usize {
+    /// and only tool results are compacted) and, with `framing`, the framing of its other
+    /// results (a stub or a cut keeps a result's role, name and call id), less `FLOOR_SLACK`.
+    fn floor(&self, len: usize, known: &Known, framing: bool) -> usize {
         let env = self.env;
         let messages = &self.request.messages[..len];
         let system = messages
@@ -642,7 +648,9 @@ impl<'a> Decide<'a> {
         // The last turn's other results are sent too, each in some form: its framing at least.
         let framed: usize = (last_turn + 1..len)
             .filter(|&i| {
-                matches!(messages[i].role, Role::Tool | Role::Function) && !working_set.contains(i)
+                framing
+                    && matches!(messages[i].role, Role::Tool | Role::Function)
+                    && !working_set.contains(i)
             })
             .map(|i| self.framing_at(i))
             .sum();
@@ -1457,7 +1465,7 @@ mod tests {
                         let Some(known) = cx.known_at(k) else {
                             continue;
                         };
-                        let floor = cx.floor(point.len, &known);
+                        let floor = cx.floor(point.len, &known, true);
                         let whole = cx.whole_at(k);
                         assert!(
                             floor <= whole.tokens,
