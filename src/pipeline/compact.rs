@@ -451,7 +451,8 @@ pub(super) fn minified_result(message: &Message) -> Option<Message> {
     Some(with_text(message, minified(text)?.into()))
 }
 
-/// A copy of `message` with `text` as its content, its old content not copied.
+/// A copy of `message` with `text` as its content, its old content not copied. Its role, name
+/// and call id stay: the prefix stage's floor counts them for every result a rewrite sends.
 fn with_text(message: &Message, text: SharedText) -> Message {
     Message {
         role: message.role.clone(),
