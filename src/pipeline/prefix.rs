@@ -415,9 +415,9 @@ impl<'a> Decide<'a> {
                 };
                 // The framing of the last turn's results is counted only where the rest of the
                 // floor leaves the answer open.
-                let len = points[k].len;
-                if settled(self.floor(len, &known, false)) || settled(self.floor(len, &known, true))
-                {
+                let (floor, framed) = self.floor(points[k].len, &known);
+                let less_slack = |tokens: usize| tokens.saturating_sub(FLOOR_SLACK);
+                if settled(less_slack(floor)) || settled(less_slack(floor + framed())) {
                     return None;
                 }
             }
@@ -623,10 +623,11 @@ impl<'a> Decide<'a> {
     /// A lower bound of the whole rewrite of the first `len` messages, whichever budget step
     /// it ends at: its tools and the definitions placed beside them (`known`), the first system
     /// message (verbatim), the working set (in the form a whole rewrite keeps it, which is the
-    /// appended form), the assistant messages of the last turn (every window keeps that turn,
-    /// and only tool results are compacted) and, with `framing`, the framing of its other
-    /// results (a stub or a cut keeps a result's role, name and call id), less `FLOOR_SLACK`.
-    fn floor(&self, len: usize, known: &Known, framing: bool) -> usize {
+    /// appended form) and the assistant messages of the last turn (every window keeps that
+    /// turn, and only tool results are compacted); and what it adds, made when asked: the
+    /// framing of the last turn's other results (a stub or a cut keeps a result's role, name
+    /// and call id). Their sum less `FLOOR_SLACK` is the bound.
+    fn floor(&self, len: usize, known: &Known) -> (usize, impl FnOnce() -> usize + '_) {
         let env = self.env;
         let messages = &self.request.messages[..len];
         let system = messages
@@ -646,16 +647,19 @@ impl<'a> Decide<'a> {
             .map(|(i, _)| self.appended_at(i))
             .sum();
         // The last turn's other results are sent too, each in some form: its framing at least.
-        let framed: usize = (last_turn + 1..len)
-            .filter(|&i| {
-                framing
-                    && matches!(messages[i].role, Role::Tool | Role::Function)
-                    && !working_set.contains(i)
-            })
-            .map(|i| self.framing_at(i))
-            .sum();
-        (known.tool_tokens + known.placed_tokens + system + kept + framed)
-            .saturating_sub(FLOOR_SLACK)
+        let framed = move || {
+            (last_turn + 1..len)
+                .filter(|&i| {
+                    matches!(messages[i].role, Role::Tool | Role::Function)
+                        && !working_set.contains(i)
+                })
+                .map(|i| self.framing_at(i))
+                .sum()
+        };
+        (
+            known.tool_tokens + known.placed_tokens + system + kept,
+            framed,
+        )
     }
 }
 
@@ -1465,7 +1469,8 @@ mod tests {
                         let Some(known) = cx.known_at(k) else {
                             continue;
                         };
-                        let floor = cx.floor(point.len, &known, true);
+                        let (floor, framing) = cx.floor(point.len, &known);
+                        let floor = (floor + framing()).saturating_sub(FLOOR_SLACK);
                         let whole = cx.whole_at(k);
                         assert!(
                             floor <= whole.tokens,
