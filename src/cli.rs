@@ -33,6 +33,16 @@ pub fn load_config(path: &Path) -> Result<Config, Failure> {
         .map_err(|e| Failure::Config(format!("invalid config {}: {e}", path.display())))
 }
 
+/// Runs `task` to its end on a single-threaded runtime: `ctxproxy serve`'s first serving
+/// thread (`cores.rs` starts the others).
+pub fn block_on_this_thread(task: impl Future<Output = Result<(), String>>) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Other(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(task).map_err(Failure::Other)
+}
+
 /// Runs `task` to its end on a multi-threaded runtime.
 pub fn block_on(task: impl Future<Output = Result<(), String>>) -> Outcome {
     let runtime = tokio::runtime::Builder::new_multi_thread()

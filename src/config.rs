@@ -104,6 +104,7 @@ pub struct RawServer {
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
     pub metrics_listen: String,
+    pub threads: usize,
 }
 
 impl Default for RawServer {
@@ -120,6 +121,7 @@ impl Default for RawServer {
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
             metrics_listen: String::new(),
+            threads: 0,
         }
     }
 }
@@ -202,7 +204,13 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A separate address that serves `/metrics` (and no API); `None`: the API listener does.
     pub metrics_listen: Option<SocketAddr>,
+    /// Threads serving connections, each connection on one (`cores.rs`); from `threads = 0`,
+    /// one per core.
+    pub threads: usize,
 }
+
+/// `server.threads` at most: a thread each is not what more would get.
+const MAX_THREADS: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -400,6 +408,16 @@ impl RawConfig {
             body_read_timeout: Duration::from_millis(server.body_read_timeout_ms),
             idle_timeout: Duration::from_millis(server.idle_timeout_ms),
             max_connections: server.max_connections,
+            threads: match server.threads {
+                0 => std::thread::available_parallelism().map_or(1, usize::from),
+                threads if threads > MAX_THREADS => {
+                    return Err(ConfigError::invalid(
+                        "server.threads",
+                        format!("{threads} is more than {MAX_THREADS}"),
+                    ));
+                }
+                threads => threads,
+            },
             metrics_listen: match server.metrics_listen.trim() {
                 "" => None,
                 address => Some(address.parse::<SocketAddr>().map_err(|e| {

@@ -31,6 +31,21 @@ fn repo_config_file_is_valid_and_documents_every_key() {
 }
 
 #[test]
+fn serving_threads_are_one_per_core_unless_set() {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = |toml: &str, env: Vec<(String, String)>| {
+        Config::from_toml(toml, env).map(|config| config.server.threads)
+    };
+    assert_eq!(threads("", no_env()).unwrap(), cores);
+    assert_eq!(threads("[server]\nthreads = 0\n", no_env()).unwrap(), cores);
+    assert_eq!(threads("[server]\nthreads = 3\n", no_env()).unwrap(), 3);
+    let env = vec![("CTXPROXY_SERVER_THREADS".to_owned(), "5".to_owned())];
+    assert_eq!(threads("", env).unwrap(), 5);
+    let error = threads("[server]\nthreads = 5000\n", no_env()).unwrap_err();
+    assert!(error.to_string().contains("server.threads"), "{error}");
+}
+
+#[test]
 fn the_vocabularies_loaded_at_start_are_those_of_the_routes() {
     let config = Config::from_toml("", no_env()).unwrap();
     assert_eq!(config.encodings(), [Encoding::O200kBase]);

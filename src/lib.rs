@@ -11,6 +11,7 @@ pub mod cache; // response caches: eligibility, keys, stream assembly and replay
 pub mod cli; // what the subcommands share: failures, config loading, the runtime
 pub mod config; // typed config, env overrides, validation
 pub mod conversation; // conversation identity (header, user, or first messages), per tenant
+pub mod cores; // one single-threaded runtime per core; a connection stays on one
 pub mod error; // ProxyError → OpenAI-format responses
 pub mod glob; // `gpt-*` name patterns for models and tools
 pub mod guards; // agent guards: continuation of cut answers, reminders, claimed actions

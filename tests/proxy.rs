@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    client, closed_port, metric_sum, proxy_for, start_mock, start_proxy, start_proxy_with_env,
+    client, closed_port, metric_sum, proxy_for, start_mock, start_proxy, start_proxy_on_threads,
+    start_proxy_with_env,
 };
 use ctxproxy::auth::hash_key;
 use ctxproxy::mock_upstream::{MockOptions, MockStats};
@@ -49,6 +50,39 @@ async fn non_streaming_and_streaming_answers_are_byte_identical_to_the_upstream(
             assert!(via.ends_with(b"data: [DONE]\n\n"));
         }
     }
+}
+
+#[tokio::test]
+async fn connections_served_on_threads_of_their_own_get_the_upstreams_answers() {
+    let mock = start_mock(MockOptions::default()).await;
+    let proxy = start_proxy_on_threads(&format!(
+        "[server]\nthreads = 3\n[upstream]\nbase_url = \"{}\"\n",
+        mock.base_url()
+    ))
+    .await;
+    // Six clients, a connection each, open at once: two per thread, each of whose requests
+    // goes upstream on its thread's own pool.
+    let clients: Vec<_> = (0..6).map(|_| client()).collect();
+    for round in 0..2 {
+        let answers =
+            futures_util::future::join_all(clients.iter().enumerate().map(|(i, client)| {
+                let body = chat((i + round) % 2 == 1);
+                let url = proxy.url("/v1/chat/completions");
+                let direct = format!("{}/chat/completions", mock.base_url());
+                async move {
+                    let via = client.post(url).json(&body).send().await.unwrap();
+                    assert_eq!(via.status(), 200);
+                    let via = via.bytes().await.unwrap();
+                    let direct = client.post(direct).json(&body).send().await.unwrap();
+                    (via, direct.bytes().await.unwrap())
+                }
+            }))
+            .await;
+        for (via, direct) in answers {
+            assert_eq!(via, direct);
+        }
+    }
+    assert_eq!(proxy.metric("ctxproxy_open_connections", &[]).await, 6.0);
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use clap::Args;
 use super::AppState;
 use crate::cli::{self, Outcome};
 use crate::config::Config;
+use crate::cores::Cores;
 use crate::telemetry;
 
 #[derive(Args)]
@@ -33,7 +34,7 @@ pub fn cmd(args: ServeArgs) -> Outcome {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
-    cli::block_on(serve(config))
+    cli::block_on_this_thread(serve(config))
 }
 
 /// Runs `ctxproxy check-config`: prints the effective config, secrets redacted.
@@ -73,7 +74,10 @@ async fn serve(config: Config) -> Result<(), String> {
             "upstream"
         );
     }
-    let served = super::serve(listener, state.clone(), super::shutdown_signal()).await;
+    let cores = Cores::start(state.config.server.threads)
+        .map_err(|e| format!("cannot start the serving threads: {e}"))?;
+    let served = super::serve_on(listener, state.clone(), &cores, super::shutdown_signal()).await;
+    drop(cores);
     // What was recorded before the stop reaches the file.
     let _ = tokio::task::spawn_blocking(move || {
         state.recorder.close(Duration::from_secs(5));

@@ -28,6 +28,7 @@ use tower_service::Service;
 
 use crate::body::ObservedBody;
 use crate::config::ServerConfig;
+use crate::cores::Cores;
 use crate::metrics::Metrics;
 
 /// How long a connection past `max_connections` waits for a free place before it is closed.
@@ -67,6 +68,7 @@ pub async fn serve(
     metrics: &Metrics,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
+    cores: &Cores,
 ) -> io::Result<()> {
     let limits = ClientLimits::of(config);
     let places = Arc::new(Semaphore::new(config.max_connections));
@@ -98,7 +100,7 @@ pub async fn serve(
         let router = router.clone();
         let watcher = graceful.watcher();
         let mut stopping = stopping.clone();
-        tokio::spawn(async move {
+        cores.spawn(tcp, move |tcp| async move {
             // Past `max_connections`, a connection waits briefly for a place, then is closed.
             let place = match places.clone().try_acquire_owned() {
                 Ok(place) => place,

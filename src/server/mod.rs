@@ -38,6 +38,7 @@ pub use command::{CheckConfigArgs, ServeArgs, check_config, cmd};
 pub use middleware::RequestContext;
 
 use crate::config::Config;
+use crate::cores::Cores;
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline;
@@ -162,10 +163,21 @@ fn metrics_router(state: SharedState) -> Router {
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
 /// included) finish for up to `server.shutdown_grace_secs`. With `server.metrics_listen`, the
-/// metrics are served there, until the same moment.
+/// metrics are served there, until the same moment. Every connection is served on the
+/// caller's runtime.
 pub async fn serve(
     listener: TcpListener,
     state: SharedState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_on(listener, state, &Cores::none(), shutdown).await
+}
+
+/// `serve`, each API connection on one of `cores` (the metrics listener's on the caller's).
+pub async fn serve_on(
+    listener: TcpListener,
+    state: SharedState,
+    cores: &Cores,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let server = &state.config.server;
@@ -192,6 +204,7 @@ pub async fn serve(
         let stop = until_stopped(stopped.clone());
         tokio::spawn(async move {
             let server = &state.config.server;
+            let cores = Cores::none();
             let served = listener::serve(
                 metrics_listener,
                 metrics_router(state.clone()),
@@ -199,6 +212,7 @@ pub async fn serve(
                 &state.metrics,
                 stop,
                 grace,
+                &cores,
             );
             if let Err(e) = served.await {
                 tracing::error!(error = %e, "the metrics listener failed");
@@ -212,6 +226,7 @@ pub async fn serve(
         &state.metrics,
         until_stopped(stopped),
         grace,
+        cores,
     )
     .await
 }

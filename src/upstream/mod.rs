@@ -43,7 +43,7 @@ impl Upstreams {
         let list = config
             .upstreams
             .iter()
-            .map(|c| Upstream::new(c.clone()).map(Arc::new))
+            .map(|c| Upstream::new(c.clone(), config.server.threads).map(Arc::new))
             .collect::<Result<_, _>>()?;
         Ok(Upstreams { list })
     }
@@ -53,10 +53,12 @@ impl Upstreams {
     }
 }
 
-/// One upstream: its config, pooled client, and what it taught the proxy.
+/// One upstream: its config, pooled clients, and what it taught the proxy.
 pub struct Upstream {
     pub config: UpstreamConfig,
-    client: HttpClient,
+    /// A pooled client per serving thread (`cores.rs`): a connection to the upstream is used
+    /// by the thread that opened it, so its I/O wakes no other thread.
+    clients: Vec<HttpClient>,
     /// The pipeline's config with tools needed later defined in the block, used once the
     /// upstream is known to refuse or drop a definitions message in mid-conversation.
     in_block: Arc<PipelineConfig>,
@@ -152,12 +154,16 @@ pub fn http_client(
 }
 
 impl Upstream {
-    fn new(config: UpstreamConfig) -> Result<Upstream, std::io::Error> {
-        let client = http_client(
-            config.connect_timeout,
-            config.pool_idle_timeout,
-            config.pool_max_idle_per_host,
-        );
+    fn new(config: UpstreamConfig, threads: usize) -> Result<Upstream, std::io::Error> {
+        let clients = (0..threads.max(1))
+            .map(|_| {
+                http_client(
+                    config.connect_timeout,
+                    config.pool_idle_timeout,
+                    config.pool_max_idle_per_host,
+                )
+            })
+            .collect();
         let mut in_block = PipelineConfig::clone(&config.pipeline);
         in_block.tools.definitions = Definitions::InBlock;
         let mut tools_whole = PipelineConfig::clone(&config.pipeline);
@@ -165,13 +171,18 @@ impl Upstream {
         tools_whole.compact.recall = false;
         Ok(Upstream {
             config,
-            client,
+            clients,
             in_block: Arc::new(in_block),
             tools_whole: Arc::new(tools_whole),
             learned: AtomicU8::new(0),
             next_store_check_ms: AtomicU64::new(0),
             born: std::time::Instant::now(),
         })
+    }
+
+    /// The calling serving thread's client.
+    fn client(&self) -> &HttpClient {
+        &self.clients[crate::cores::current() % self.clients.len()]
     }
 
     /// The pipeline's config with every tool in full and no recall tool.
@@ -264,7 +275,7 @@ impl Upstream {
                 .body(request_body)
                 .map_err(|e| ProxyError::Internal(e.to_string()))?;
             let result =
-                tokio::time::timeout_at(first_byte_deadline, self.client.request(request)).await;
+                tokio::time::timeout_at(first_byte_deadline, self.client().request(request)).await;
             match result {
                 Ok(Ok(response)) => {
                     return Ok(UpstreamResponse {
@@ -577,7 +588,7 @@ mod tests {
     fn upstream() -> Upstream {
         let config = Config::from_toml("[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n", [])
             .unwrap_or_else(|e| panic!("{e}"));
-        Upstream::new(config.upstreams[0].clone()).unwrap_or_else(|e| panic!("{e}"))
+        Upstream::new(config.upstreams[0].clone(), 1).unwrap_or_else(|e| panic!("{e}"))
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ctxproxy::config::Config;
+use ctxproxy::cores::Cores;
 use ctxproxy::mock_upstream::{self, MockOptions, MockStats};
 use ctxproxy::server::{self, AppState, SharedState};
 use tokio::net::TcpListener;
@@ -121,6 +122,31 @@ pub async fn start_proxy_with_env(toml: &str, mut env: Vec<(String, String)>) ->
     let handle = tokio::spawn(server::serve(listener, state.clone(), async move {
         let _ = stopped.await;
     }));
+    Proxy {
+        addr,
+        state,
+        stop: Some(stop),
+        handle,
+    }
+}
+
+/// `start_proxy`, each connection served on one of `server.threads` threads of its own
+/// (`ctxproxy::cores`), as `ctxproxy serve` serves them.
+pub async fn start_proxy_on_threads(toml: &str) -> Proxy {
+    let config =
+        Config::from_toml(toml, [("CTXPROXY_STORE_BACKEND".into(), "memory".into())]).unwrap();
+    let state = AppState::new(config).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let served = state.clone();
+    let handle = tokio::spawn(async move {
+        let cores = Cores::start(served.config.server.threads)?;
+        server::serve_on(listener, served, &cores, async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
     Proxy {
         addr,
         state,
