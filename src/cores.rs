@@ -6,12 +6,14 @@
 //!
 //! A new connection goes to the thread with the fewest open, so a busy one gets new
 //! connections last. Without `Cores::start` (tests, the mock), everything runs on the caller's
-//! runtime.
+//! runtime. Work that would hold a serving thread for milliseconds (a large body's rewrite)
+//! goes to a `Pool` of threads of its own, so that the thread's other connections go on.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use tokio::net::TcpStream;
@@ -20,12 +22,24 @@ use tokio::runtime::Handle;
 thread_local! {
     /// The serving thread this is (0: the first, or a thread that is none of them).
     static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The connections open on each serving thread, on a serving thread.
+    static OPEN: RefCell<Option<Arc<[AtomicUsize]>>> = const { RefCell::new(None) };
 }
 
 /// Which serving thread runs the caller: what per-thread resources (an upstream's connection
 /// pool) are picked by. 0 outside them.
 pub fn current() -> usize {
     CURRENT.get()
+}
+
+/// Whether the calling serving thread serves other connections than the caller's, which work
+/// done here would hold up. False outside the serving threads of `Cores::start`.
+pub fn shared() -> bool {
+    OPEN.with_borrow(|open| {
+        open.as_ref()
+            .and_then(|open| open.get(current()))
+            .is_some_and(|here| here.load(Ordering::Relaxed) > 1)
+    })
 }
 
 /// The serving threads. The first is the thread that made them (its runtime runs the accept
@@ -57,7 +71,10 @@ impl Cores {
     pub fn start(threads: usize) -> std::io::Result<Cores> {
         let threads = threads.max(1);
         let mut others = Vec::with_capacity(threads - 1);
+        let open: Arc<[AtomicUsize]> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+        OPEN.set(Some(open.clone()));
         for index in 1..threads {
+            let open = open.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -67,6 +84,7 @@ impl Cores {
                 .name(format!("ctxproxy-core-{index}"))
                 .spawn(move || {
                     CURRENT.set(index);
+                    OPEN.set(Some(open));
                     runtime.block_on(async {
                         let _ = stopped.await;
                     });
@@ -77,7 +95,6 @@ impl Cores {
                 thread: Some(thread),
             });
         }
-        let open = (0..threads).map(|_| AtomicUsize::new(0)).collect();
         Ok(Cores { others, open })
     }
 
@@ -160,6 +177,59 @@ impl Drop for OpenOn {
     }
 }
 
+/// Threads that run work too long for a serving thread: one per serving thread, which gives
+/// it its work (`current`), so that what the work keeps per thread (token counts of words)
+/// is kept where that thread's connections will want it again. They end when the pool is
+/// dropped.
+pub struct Pool {
+    /// Each thread's queue, in the serving threads' order.
+    jobs: Vec<mpsc::Sender<Job>>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A job that ended without its result (it panicked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the work ended without a result")]
+pub struct Lost;
+
+impl Pool {
+    /// `threads` threads, named `{name}-{index}`.
+    pub fn start(name: &str, threads: usize) -> std::io::Result<Pool> {
+        let mut jobs = Vec::with_capacity(threads.max(1));
+        for index in 0..threads.max(1) {
+            let (queue, queued) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name(format!("{name}-{index}"))
+                .spawn(move || {
+                    for job in queued {
+                        // A job that panics loses its result, not the thread.
+                        let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                    }
+                })?;
+            jobs.push(queue);
+        }
+        Ok(Pool { jobs })
+    }
+
+    /// `work`'s result, from the pool's thread of the calling serving thread.
+    pub async fn run<R: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, Lost> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = done.send(work());
+        });
+        let queue = &self.jobs[current() % self.jobs.len()];
+        if let Err(mpsc::SendError(job)) = queue.send(job) {
+            // No thread left to take it (never while the pool lives): done here.
+            job();
+        }
+        result.await.map_err(|_| Lost)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -171,11 +241,20 @@ mod tests {
     /// thread it runs on, and stays open until the client closes it. That thread, and the
     /// client.
     async fn open(cores: &Cores, listener: &TcpListener) -> (u8, tokio::net::TcpStream) {
+        open_telling(cores, listener, || current() as u8).await
+    }
+
+    /// `open`, the connection answering with what `tell` says on its serving thread.
+    async fn open_telling(
+        cores: &Cores,
+        listener: &TcpListener,
+        tell: fn() -> u8,
+    ) -> (u8, tokio::net::TcpStream) {
         let addr = listener.local_addr().unwrap();
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (tcp, _) = listener.accept().await.unwrap();
-        cores.spawn(tcp, |mut tcp| async move {
-            let _ = tcp.write_all(&[current() as u8]).await;
+        cores.spawn(tcp, move |mut tcp| async move {
+            let _ = tcp.write_all(&[tell()]).await;
             let mut rest = Vec::new();
             let _ = tcp.read_to_end(&mut rest).await;
         });
@@ -218,11 +297,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_thread_is_shared_once_it_serves_two_connections() {
+        let (cores, listener) = (Cores::start(2).unwrap(), listener().await);
+        let shared = || u8::from(shared());
+        let mut told = Vec::new();
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            let (tells, client) = open_telling(&cores, &listener, shared).await;
+            told.push(tells);
+            clients.push(client);
+        }
+        // One thread each for the first two, then each serves a second.
+        assert_eq!(told, [0, 0, 1, 1]);
+        assert!(!shared_outside());
+    }
+
+    /// `shared` on a thread that serves nothing.
+    fn shared_outside() -> bool {
+        std::thread::spawn(shared).join().unwrap()
+    }
+
+    #[tokio::test]
     async fn without_threads_of_their_own_connections_run_on_the_callers_runtime() {
         let (cores, listener) = (Cores::none(), listener().await);
         assert_eq!(cores.threads(), 1);
         let (a, _a) = open(&cores, &listener).await;
         let (b, _b) = open(&cores, &listener).await;
         assert_eq!((a, b), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_pools_work_runs_on_its_threads_and_a_panic_loses_only_its_result() {
+        let pool = Pool::start("test-pool", 2).unwrap();
+        let name = || std::thread::current().name().map(str::to_owned);
+        // Outside the serving threads, work goes to the first.
+        assert_eq!(
+            pool.run(name).await.unwrap().as_deref(),
+            Some("test-pool-0")
+        );
+        #[allow(clippy::panic)]
+        let lost = pool.run(|| -> usize { panic!("a job that fails") }).await;
+        assert_eq!(lost, Err(Lost));
+        // The thread is still there.
+        assert_eq!(
+            pool.run(name).await.unwrap().as_deref(),
+            Some("test-pool-0")
+        );
+    }
+
+    #[test]
+    fn each_serving_threads_work_goes_to_its_own_pool_thread() {
+        let (cores, pool) = (
+            Cores::start(2).unwrap(),
+            Arc::new(Pool::start("own", 2).unwrap()),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pool_on_other = pool.clone();
+        cores.others[0].handle.spawn(async move {
+            let name = pool_on_other.run(|| std::thread::current().name().map(str::to_owned));
+            let _ = tx.send(name.await.ok().flatten());
+        });
+        assert_eq!(rx.recv().unwrap().as_deref(), Some("own-1"));
     }
 }

@@ -85,6 +85,65 @@ async fn connections_served_on_threads_of_their_own_get_the_upstreams_answers() 
     assert_eq!(proxy.metric("ctxproxy_open_connections", &[]).await, 6.0);
 }
 
+/// An agent's request of about 60 KB: a large tool result the pipeline compacts.
+fn large_agent_request() -> Value {
+    let rows: Vec<Value> = (0..600)
+        .map(|k| json!({"order_id": format!("#W{k:05}"), "status": "delivered", "note": null, "total": k * 7}))
+        .collect();
+    json!({
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "You help with orders."},
+            {"role": "user", "content": "List my orders."},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "list_orders", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": serde_json::to_string_pretty(&rows).unwrap()},
+            {"role": "user", "content": "Which one is #W00412?"}
+        ]
+    })
+}
+
+#[tokio::test]
+async fn a_large_body_rewritten_off_a_shared_thread_gets_the_same_answer() {
+    // A mock each: the mock's prompt cache would tell the second request from the first.
+    let (mock, other_mock) = (
+        start_mock(MockOptions::default()).await,
+        start_mock(MockOptions::default()).await,
+    );
+    let toml = |mock: &common::Mock| format!("[upstream]\nbase_url = \"{}\"\n", mock.base_url());
+    // One serving thread with two connections open: a large body's rewrite leaves it.
+    let shared = start_proxy_on_threads(&format!("[server]\nthreads = 1\n{}", toml(&mock))).await;
+    let memory = vec![("CTXPROXY_STORE_BACKEND".to_owned(), "memory".to_owned())];
+    let inline = start_proxy_with_env(&toml(&other_mock), memory).await;
+    let body = large_agent_request();
+    assert!(serde_json::to_vec(&body).unwrap().len() > 40_000);
+    let (idle, busy) = (client(), client());
+    let url = shared.url("/v1/chat/completions");
+    assert_eq!(
+        idle.post(&url)
+            .json(&chat(false))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let via_pool = busy.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(via_pool.status(), 200);
+    assert_eq!(shared.metric("ctxproxy_open_connections", &[]).await, 2.0);
+    let via_inline = post(&inline.url("/v1/chat/completions"), &body).await;
+    assert_eq!(via_inline.status(), 200);
+    let (via_pool, via_inline) = (
+        via_pool.bytes().await.unwrap(),
+        via_inline.bytes().await.unwrap(),
+    );
+    assert_eq!(via_pool, via_inline);
+    let saved = |text: &str| metric_sum(text, "ctxproxy_tokens_saved_total", &[]);
+    let saved_by_pool = saved(&shared.metrics().await);
+    assert!(saved_by_pool > 0.0, "the large body was rewritten");
+    assert_eq!(saved_by_pool, saved(&inline.metrics().await));
+}
+
 #[tokio::test]
 async fn streamed_events_arrive_one_per_frame() {
     let mock = start_mock(MockOptions::default()).await;

@@ -38,7 +38,7 @@ pub use command::{CheckConfigArgs, ServeArgs, check_config, cmd};
 pub use middleware::RequestContext;
 
 use crate::config::Config;
-use crate::cores::Cores;
+use crate::cores::{Cores, Pool};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline;
@@ -61,6 +61,8 @@ pub struct AppState {
     pub model_labels: ModelLabels,
     /// `[record]`: sampled exchanges to the recording file.
     pub recorder: Arc<Recorder>,
+    /// Where a large body's rewrite runs, off the serving threads (`ChatCall::run_pipeline`).
+    pub rewriters: Pool,
     limiter: Arc<Semaphore>,
     /// Chat bodies being read before a slot is taken (bounds the memory they hold).
     body_readers: Arc<Semaphore>,
@@ -84,6 +86,8 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error("recorder: {0}")]
     Recorder(std::io::Error),
+    #[error("rewrite threads: {0}")]
+    Rewriters(std::io::Error),
 }
 
 impl AppState {
@@ -102,6 +106,8 @@ impl AppState {
         let memory = &config.memory;
         let tokenizers = Tokenizers::new(memory.token_counts_max_bytes, memory.idle());
         let memo = pipeline::Memo::new(memory);
+        let rewriters = Pool::start("ctxproxy-rewrite", config.server.threads)
+            .map_err(StartError::Rewriters)?;
         Ok(Arc::new(AppState {
             model_labels: ModelLabels::new(config.model_names()),
             limiter: Arc::new(Semaphore::new(config.server.concurrency_limit)),
@@ -115,6 +121,7 @@ impl AppState {
             memo,
             store,
             recorder,
+            rewriters,
             shutting_down: AtomicBool::new(false),
         }))
     }

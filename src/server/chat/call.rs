@@ -13,6 +13,7 @@ use bytes::Bytes;
 use super::call_log::{CallLog, TokenCounts};
 use crate::bill::{Prompt, cached_of};
 use crate::conversation::{client_conversation_id, conversation_id};
+use crate::cores;
 use crate::error::ProxyError;
 use crate::metrics::{BudgetOutcome, ChainToolsOutcome, ChatLabels};
 use crate::openai::{Api, ChatRequest, Tool};
@@ -31,6 +32,12 @@ use crate::upstream::Upstream;
 
 pub const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
 pub const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
+
+/// A body at least this large is rewritten on the rewrite threads (`AppState::rewriters`)
+/// when its serving thread has other connections: a cold conversation of that size takes
+/// 1-10 ms, which they would wait for. Otherwise it is rewritten where it arrived: the handoff
+/// costs 50-100 µs (two threads woken), much of a small or memoized rewrite.
+const REWRITE_ELSEWHERE_BYTES: usize = 32 * 1024;
 
 /// Which endpoint a chat request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,34 +381,53 @@ impl<'a> ChatCall<'a> {
             self.upstream.tools_whole_pipeline()
         };
         let budget = budget_of(&self.parts.headers, config.budget.max_tokens)?;
-        let counter = state
-            .tokenizers
-            .for_model(&self.chat.model, self.upstream.config.tokenizer);
-        let started = Instant::now();
-        let env = pipeline::Env {
-            config,
-            counter,
-            memo: &state.memo,
-            budget,
-            sticky_categories: &sticky,
-            reinforcement: Some(&self.upstream.config.guards.reinforcement),
-            remembered,
-        };
         // A chained Responses request: its history is upstream, only what it sends is seen.
         let chained = self.responses.as_ref().is_some_and(|c| c.chained());
-        let mut rewrite = if chained {
-            pipeline::seen::run(&self.chat, &env, chain.as_ref())
-        } else {
-            pipeline::run(&self.chat, &env)
+        let rewrite = {
+            let (state, upstream, chat) = (state.clone(), self.upstream.clone(), self.chat.clone());
+            let config = config.clone();
+            move || {
+                let counter = state
+                    .tokenizers
+                    .for_model(&chat.model, upstream.config.tokenizer);
+                let started = Instant::now();
+                let env = pipeline::Env {
+                    config: &config,
+                    counter,
+                    memo: &state.memo,
+                    budget,
+                    sticky_categories: &sticky,
+                    reinforcement: Some(&upstream.config.guards.reinforcement),
+                    remembered,
+                };
+                let mut rewrite = if chained {
+                    pipeline::seen::run(&chat, &env, chain.as_ref())
+                } else {
+                    pipeline::run(&chat, &env)
+                };
+                if !recalls.is_empty() && !chained {
+                    put_back(&mut rewrite, &chat, &recalls, counter);
+                }
+                (rewrite, recalls, chain, started.elapsed())
+            }
         };
-        if !recalls.is_empty() && !chained {
-            put_back(&mut rewrite, &self.chat, &recalls, counter);
-        }
+        // A large body's rewrite may take milliseconds: off a serving thread that has other
+        // connections, which go on meanwhile.
+        let elsewhere = self.bytes.len() >= REWRITE_ELSEWHERE_BYTES && cores::shared();
+        let (rewrite, recalls, chain, took) = if elsewhere {
+            state
+                .rewriters
+                .run(rewrite)
+                .await
+                .map_err(|e| ProxyError::Internal(e.to_string()))?
+        } else {
+            rewrite()
+        };
         state
             .metrics
             .pipeline_duration
             .with_label_values(&[&self.labels.model, &self.labels.tenant])
-            .observe(started.elapsed().as_secs_f64());
+            .observe(took.as_secs_f64());
         Ok(Pipelined {
             rewrite,
             remembered,
