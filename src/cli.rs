@@ -36,16 +36,20 @@ pub fn load_config(path: &Path) -> Result<Config, Failure> {
 /// Runs `task` to its end on a single-threaded runtime: `ctxproxy serve`'s first serving
 /// thread (`cores.rs` starts the others).
 pub fn block_on_this_thread(task: impl Future<Output = Result<(), String>>) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::Other(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(task).map_err(Failure::Other)
+    run_on(tokio::runtime::Builder::new_current_thread(), task)
 }
 
 /// Runs `task` to its end on a multi-threaded runtime.
 pub fn block_on(task: impl Future<Output = Result<(), String>>) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    run_on(tokio::runtime::Builder::new_multi_thread(), task)
+}
+
+/// Runs `task` to its end on the runtime `builder` makes, with timers and I/O.
+fn run_on(
+    mut builder: tokio::runtime::Builder,
+    task: impl Future<Output = Result<(), String>>,
+) -> Outcome {
+    let runtime = builder
         .enable_all()
         .build()
         .map_err(|e| Failure::Other(format!("cannot start the runtime: {e}")))?;
