@@ -22,8 +22,8 @@ use tokio::runtime::Handle;
 thread_local! {
     /// The serving thread this is (0: the first, or a thread that is none of them).
     static CURRENT: Cell<usize> = const { Cell::new(0) };
-    /// The connections open on each serving thread, on a serving thread.
-    static OPEN: RefCell<Option<Arc<[AtomicUsize]>>> = const { RefCell::new(None) };
+    /// What each serving thread serves, on a serving thread.
+    static LOAD: RefCell<Option<Arc<Load>>> = const { RefCell::new(None) };
 }
 
 /// Which serving thread runs the caller: what per-thread resources (an upstream's connection
@@ -32,22 +32,96 @@ pub fn current() -> usize {
     CURRENT.get()
 }
 
-/// Whether the calling serving thread serves other connections than the caller's, which work
-/// done here would hold up. False outside the serving threads of `Cores::start`.
+/// Whether the calling serving thread has other work than the caller's, which work done here
+/// would hold up: another connection open or another request in progress (an HTTP/2 client's
+/// streams share its connection), or, on the first of several threads, the accept loop that
+/// feeds them all. False outside the serving threads of `Cores::start`.
 pub fn shared() -> bool {
-    OPEN.with_borrow(|open| {
-        open.as_ref()
-            .and_then(|open| open.get(current()))
-            .is_some_and(|here| here.load(Ordering::Relaxed) > 1)
+    LOAD.with_borrow(|load| {
+        load.as_ref().is_some_and(|load| {
+            let here = current();
+            let more_than_one = |counts: &[AtomicUsize]| {
+                counts
+                    .get(here)
+                    .is_some_and(|n| n.load(Ordering::Relaxed) > 1)
+            };
+            (here == 0 && load.threads() > 1)
+                || more_than_one(&load.connections)
+                || more_than_one(&load.requests)
+        })
     })
+}
+
+/// One more request in progress on the calling serving thread, until the value is dropped
+/// (wherever). `None` outside the serving threads of `Cores::start`.
+pub fn begin_request() -> Option<Counted> {
+    LOAD.with_borrow(|load| load.clone())
+        .map(|load| Counted::new(load, current(), Kind::Request))
+}
+
+/// What each serving thread serves: its connections open, and its requests in progress.
+struct Load {
+    connections: Box<[AtomicUsize]>,
+    requests: Box<[AtomicUsize]>,
+}
+
+impl Load {
+    fn new(threads: usize) -> Load {
+        let zeros = || (0..threads).map(|_| AtomicUsize::new(0)).collect();
+        Load {
+            connections: zeros(),
+            requests: zeros(),
+        }
+    }
+
+    fn threads(&self) -> usize {
+        self.connections.len()
+    }
+
+    fn counts(&self, kind: Kind) -> &[AtomicUsize] {
+        match kind {
+            Kind::Connection => &self.connections,
+            Kind::Request => &self.requests,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Connection,
+    Request,
+}
+
+/// One connection open, or one request in progress, on serving thread `index`: counted until
+/// dropped.
+pub struct Counted {
+    load: Arc<Load>,
+    index: usize,
+    kind: Kind,
+}
+
+impl Counted {
+    fn new(load: Arc<Load>, index: usize, kind: Kind) -> Counted {
+        if let Some(count) = load.counts(kind).get(index) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        Counted { load, index, kind }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(count) = self.load.counts(self.kind).get(self.index) {
+            count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The serving threads. The first is the thread that made them (its runtime runs the accept
 /// loop too); the others run until `Cores` is dropped.
 pub struct Cores {
     others: Vec<Other>,
-    /// Connections open on each thread, the first included.
-    open: Arc<[AtomicUsize]>,
+    load: Arc<Load>,
 }
 
 /// A serving thread besides the first.
@@ -62,7 +136,7 @@ impl Cores {
     pub fn none() -> Cores {
         Cores {
             others: Vec::new(),
-            open: Arc::from([AtomicUsize::new(0)]),
+            load: Arc::new(Load::new(1)),
         }
     }
 
@@ -71,10 +145,10 @@ impl Cores {
     pub fn start(threads: usize) -> std::io::Result<Cores> {
         let threads = threads.max(1);
         let mut others = Vec::with_capacity(threads - 1);
-        let open: Arc<[AtomicUsize]> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
-        OPEN.set(Some(open.clone()));
+        let load = Arc::new(Load::new(threads));
+        LOAD.set(Some(load.clone()));
         for index in 1..threads {
-            let open = open.clone();
+            let load = load.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -84,7 +158,7 @@ impl Cores {
                 .name(format!("ctxproxy-core-{index}"))
                 .spawn(move || {
                     CURRENT.set(index);
-                    OPEN.set(Some(open));
+                    LOAD.set(Some(load));
                     runtime.block_on(async {
                         let _ = stopped.await;
                     });
@@ -95,23 +169,23 @@ impl Cores {
                 thread: Some(thread),
             });
         }
-        Ok(Cores { others, open })
+        Ok(Cores { others, load })
     }
 
     /// Serving threads in all.
     pub fn threads(&self) -> usize {
-        self.open.len()
+        self.load.threads()
     }
 
-    /// Serves `tcp` with `serve` on the thread with the fewest open connections. Called from
-    /// the first thread's runtime.
+    /// Serves `tcp` with `serve` on the thread with the fewest open connections (the last
+    /// such: the first also accepts). Called from the first thread's runtime.
     pub fn spawn<F, Fut>(&self, tcp: TcpStream, serve: F)
     where
         F: FnOnce(TcpStream) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let index = self.least_busy();
-        let open = OpenOn::new(self.open.clone(), index);
+        let open = Counted::new(self.load.clone(), index, Kind::Connection);
         let Some(other) = index.checked_sub(1).and_then(|i| self.others.get(i)) else {
             tokio::spawn(async move {
                 serve(tcp).await;
@@ -137,8 +211,10 @@ impl Cores {
     }
 
     fn least_busy(&self) -> usize {
-        (0..self.open.len())
-            .min_by_key(|&i| self.open[i].load(Ordering::Relaxed))
+        let open = &self.load.connections;
+        (0..open.len())
+            .rev()
+            .min_by_key(|&i| open[i].load(Ordering::Relaxed))
             .unwrap_or(0)
     }
 }
@@ -158,32 +234,16 @@ impl Drop for Cores {
     }
 }
 
-/// One open connection on thread `index`, counted until dropped.
-struct OpenOn {
-    open: Arc<[AtomicUsize]>,
-    index: usize,
-}
-
-impl OpenOn {
-    fn new(open: Arc<[AtomicUsize]>, index: usize) -> OpenOn {
-        open[index].fetch_add(1, Ordering::Relaxed);
-        OpenOn { open, index }
-    }
-}
-
-impl Drop for OpenOn {
-    fn drop(&mut self) {
-        self.open[self.index].fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Threads that run work too long for a serving thread: one per serving thread, which gives
-/// it its work (`current`), so that what the work keeps per thread (token counts of words)
-/// is kept where that thread's connections will want it again. They end when the pool is
-/// dropped.
+/// Threads that run work too long for a serving thread, one per serving thread. Work goes to
+/// the calling serving thread's own (what the work keeps per thread, token counts of words, is
+/// then kept where that thread's connections want it again), or, when that one has work
+/// waiting, to the one with the least. Work whose caller is gone is skipped. The threads end
+/// when the pool is dropped.
 pub struct Pool {
     /// Each thread's queue, in the serving threads' order.
     jobs: Vec<mpsc::Sender<Job>>,
+    /// Jobs sent to each thread and not finished.
+    queued: Arc<[AtomicUsize]>,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -196,8 +256,9 @@ pub struct Lost;
 impl Pool {
     /// `threads` threads, named `{name}-{index}`.
     pub fn start(name: &str, threads: usize) -> std::io::Result<Pool> {
-        let mut jobs = Vec::with_capacity(threads.max(1));
-        for index in 0..threads.max(1) {
+        let threads = threads.max(1);
+        let mut jobs = Vec::with_capacity(threads);
+        for index in 0..threads {
             let (queue, queued) = mpsc::channel::<Job>();
             std::thread::Builder::new()
                 .name(format!("{name}-{index}"))
@@ -209,24 +270,65 @@ impl Pool {
                 })?;
             jobs.push(queue);
         }
-        Ok(Pool { jobs })
+        let queued = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+        Ok(Pool { jobs, queued })
     }
 
-    /// `work`'s result, from the pool's thread of the calling serving thread.
+    /// `work`'s result, from one of the pool's threads.
     pub async fn run<R: Send + 'static>(
         &self,
         work: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, Lost> {
         let (done, result) = tokio::sync::oneshot::channel();
+        let index = self.least_queued();
+        let queued = Queued::new(self.queued.clone(), index);
         let job: Job = Box::new(move || {
-            let _ = done.send(work());
+            let _queued = queued;
+            if !done.is_closed() {
+                let _ = done.send(work());
+            }
         });
-        let queue = &self.jobs[current() % self.jobs.len()];
-        if let Err(mpsc::SendError(job)) = queue.send(job) {
+        let sent = match self.jobs.get(index) {
+            Some(queue) => queue.send(job).map_err(|mpsc::SendError(job)| job),
+            None => Err(job),
+        };
+        if let Err(job) = sent {
             // No thread left to take it (never while the pool lives): done here.
             job();
         }
         result.await.map_err(|_| Lost)
+    }
+
+    /// The calling serving thread's own, unless others have less waiting.
+    fn least_queued(&self) -> usize {
+        let own = current() % self.queued.len();
+        let waiting = |i: usize| self.queued[i].load(Ordering::Relaxed);
+        if waiting(own) == 0 {
+            return own;
+        }
+        (0..self.queued.len())
+            .min_by_key(|&i| (waiting(i), i != own))
+            .unwrap_or(own)
+    }
+}
+
+/// One job sent to pool thread `index` and not finished, counted until dropped (also when it
+/// panics).
+struct Queued {
+    queued: Arc<[AtomicUsize]>,
+    index: usize,
+}
+
+impl Queued {
+    fn new(queued: Arc<[AtomicUsize]>, index: usize) -> Queued {
+        queued[index].fetch_add(1, Ordering::Relaxed);
+        Queued { queued, index }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queued[self.index].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -263,16 +365,17 @@ mod tests {
         (thread[0], client)
     }
 
-    async fn listener() -> TcpListener {
+    async fn bound() -> TcpListener {
         TcpListener::bind("127.0.0.1:0").await.unwrap()
     }
 
     #[tokio::test]
     async fn each_new_connection_goes_to_the_thread_with_the_fewest_open() {
-        let (cores, listener) = (Cores::start(3).unwrap(), listener().await);
+        let (cores, listener) = (Cores::start(3).unwrap(), bound().await);
         assert_eq!(cores.threads(), 3);
         let mut clients = Vec::new();
-        for expected in [0, 1, 2, 0, 1, 2] {
+        // The first thread, which also accepts, last among equals.
+        for expected in [2, 1, 0, 2, 1, 0] {
             let (thread, client) = open(&cores, &listener).await;
             assert_eq!(thread, expected);
             clients.push(client);
@@ -281,34 +384,55 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_connection_leaves_its_thread_free() {
-        let (cores, listener) = (Cores::start(2).unwrap(), listener().await);
+        let (cores, listener) = (Cores::start(2).unwrap(), bound().await);
         let (_, _first) = open(&cores, &listener).await;
         let (thread, second) = open(&cores, &listener).await;
-        assert_eq!(thread, 1);
+        assert_eq!(thread, 0);
         drop(second);
         for _ in 0..200 {
-            if cores.open[1].load(Ordering::Relaxed) == 0 {
+            if cores.load.connections[0].load(Ordering::Relaxed) == 0 {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        // The first thread still serves one: the second has none.
-        assert_eq!(open(&cores, &listener).await.0, 1);
+        // The second thread still serves one: the first has none.
+        assert_eq!(open(&cores, &listener).await.0, 0);
     }
 
     #[tokio::test]
-    async fn a_thread_is_shared_once_it_serves_two_connections() {
-        let (cores, listener) = (Cores::start(2).unwrap(), listener().await);
-        let shared = || u8::from(shared());
+    async fn a_thread_is_shared_by_a_second_connection_or_request_or_the_accept_loop() {
+        let (cores, listener) = (Cores::start(2).unwrap(), bound().await);
+        let tell_shared = || u8::from(shared());
         let mut told = Vec::new();
         let mut clients = Vec::new();
-        for _ in 0..4 {
-            let (tells, client) = open_telling(&cores, &listener, shared).await;
+        for _ in 0..3 {
+            let (tells, client) = open_telling(&cores, &listener, tell_shared).await;
             told.push(tells);
             clients.push(client);
         }
-        // One thread each for the first two, then each serves a second.
-        assert_eq!(told, [0, 0, 1, 1]);
+        // The second thread alone, then the first (it accepts), then the second again.
+        assert_eq!(told, [0, 1, 1]);
+        drop(clients);
+        // One thread: no accept loop feeds others, and its requests tell.
+        let (cores, listener) = (Cores::start(1).unwrap(), bound().await);
+        let one_request = || {
+            let _request = begin_request();
+            u8::from(shared())
+        };
+        let two_requests = || {
+            let _requests = (begin_request(), begin_request());
+            u8::from(shared())
+        };
+        let (alone, first) = open_telling(&cores, &listener, one_request).await;
+        drop(first);
+        for _ in 0..200 {
+            if cores.load.connections[0].load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let (busy, _second) = open_telling(&cores, &listener, two_requests).await;
+        assert_eq!((alone, busy), (0, 1));
         assert!(!shared_outside());
     }
 
@@ -319,7 +443,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_threads_of_their_own_connections_run_on_the_callers_runtime() {
-        let (cores, listener) = (Cores::none(), listener().await);
+        let (cores, listener) = (Cores::none(), bound().await);
         assert_eq!(cores.threads(), 1);
         let (a, _a) = open(&cores, &listener).await;
         let (b, _b) = open(&cores, &listener).await;
@@ -343,6 +467,55 @@ mod tests {
             pool.run(name).await.unwrap().as_deref(),
             Some("test-pool-0")
         );
+    }
+
+    #[tokio::test]
+    async fn work_goes_elsewhere_while_its_own_thread_is_busy_and_is_skipped_once_unwanted() {
+        let pool = Arc::new(Pool::start("busy", 2).unwrap());
+        let name = || std::thread::current().name().map(str::to_owned);
+        // A job that holds its thread until told; where it runs.
+        let hold = |pool: &Arc<Pool>| {
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let pool = pool.clone();
+            let job =
+                tokio::spawn(async move { pool.run(move || (held.recv().is_ok(), name())).await });
+            (release, job)
+        };
+        let wait_for = |pool: &Arc<Pool>, queued: [usize; 2]| {
+            let pool = pool.clone();
+            async move {
+                for _ in 0..400 {
+                    if (0..2).all(|i| pool.queued[i].load(Ordering::Relaxed) == queued[i]) {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                panic!("never queued {queued:?}");
+            }
+        };
+        let (release_first, first) = hold(&pool);
+        wait_for(&pool, [1, 0]).await;
+        // Its own thread is busy: the work goes to the idle one.
+        assert_eq!(pool.run(name).await.unwrap().as_deref(), Some("busy-1"));
+        let (release_second, second) = hold(&pool);
+        wait_for(&pool, [1, 1]).await;
+        // Both busy: behind its own; its caller leaves before the thread is free.
+        let ran = Arc::new(AtomicUsize::new(0));
+        let unwanted = {
+            let (pool, ran) = (pool.clone(), ran.clone());
+            tokio::spawn(async move { pool.run(move || ran.fetch_add(1, Ordering::Relaxed)).await })
+        };
+        wait_for(&pool, [2, 1]).await;
+        unwanted.abort();
+        let _ = unwanted.await;
+        release_first.send(()).unwrap();
+        release_second.send(()).unwrap();
+        let first = first.await.unwrap().unwrap();
+        let second = second.await.unwrap().unwrap();
+        assert_eq!(first, (true, Some("busy-0".to_owned())));
+        assert_eq!(second, (true, Some("busy-1".to_owned())));
+        wait_for(&pool, [0, 0]).await;
+        assert_eq!(ran.load(Ordering::Relaxed), 0);
     }
 
     #[test]

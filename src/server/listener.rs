@@ -28,7 +28,7 @@ use tower_service::Service;
 
 use crate::body::ObservedBody;
 use crate::config::ServerConfig;
-use crate::cores::Cores;
+use crate::cores::{self, Cores};
 use crate::metrics::Metrics;
 
 /// How long a connection past `max_connections` waits for a free place before it is closed.
@@ -304,7 +304,7 @@ fn tracked(
     Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
 > + Clone {
     hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let in_progress = activity.begin();
+        let in_progress = (activity.begin(), cores::begin_request());
         let mut router = router.clone();
         async move {
             let response = router.call(request.map(Body::new)).await?;
