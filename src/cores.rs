@@ -281,12 +281,16 @@ impl Pool {
     ) -> Result<R, Lost> {
         let (done, result) = tokio::sync::oneshot::channel();
         let index = self.least_queued();
-        let queued = Queued::new(self.queued.clone(), index);
+        // Counted until the result is delivered, or lost (fields drop in order).
+        let delivery = (Queued::new(self.queued.clone(), index), done);
         let job: Job = Box::new(move || {
-            let _queued = queued;
-            if !done.is_closed() {
-                let _ = done.send(work());
+            if delivery.1.is_closed() {
+                return;
             }
+            let result = work();
+            let (queued, done) = delivery;
+            drop(queued);
+            let _ = done.send(result);
         });
         let sent = match self.jobs.get(index) {
             Some(queue) => queue.send(job).map_err(|mpsc::SendError(job)| job),
