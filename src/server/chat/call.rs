@@ -34,9 +34,9 @@ pub const X_CTXPROXY_MODE: &str = "x-ctxproxy-mode";
 pub const X_CTXPROXY_BUDGET: &str = "x-ctxproxy-budget";
 
 /// A body at least this large is rewritten on the rewrite threads (`AppState::rewriters`)
-/// when its serving thread has other connections: a cold conversation of that size takes
-/// 1-10 ms, which they would wait for. Otherwise it is rewritten where it arrived: the handoff
-/// costs 50-100 µs (two threads woken), much of a small or memoized rewrite.
+/// when its serving thread has other work (`cores::shared`): a cold conversation of that size
+/// takes 1-10 ms, which that work would wait for. Otherwise it is rewritten where it arrived:
+/// the handoff costs 50-150 µs (two threads woken), much of a small or memoized rewrite.
 const REWRITE_ELSEWHERE_BYTES: usize = 32 * 1024;
 
 /// Which endpoint a chat request came to.
@@ -412,7 +412,7 @@ impl<'a> ChatCall<'a> {
             }
         };
         // A large body's rewrite may take milliseconds: off a serving thread that has other
-        // connections, which go on meanwhile.
+        // work, which goes on meanwhile.
         let elsewhere = self.bytes.len() >= REWRITE_ELSEWHERE_BYTES && cores::shared();
         let (rewrite, recalls, chain, took) = if elsewhere {
             state
